@@ -1,0 +1,3 @@
+"""slurm-elastic: elastic GPU scheduling for Slurm (GPU count and batch size chosen together)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,152 @@
+"""The Slurm backend interface: typed job/node records and the actions the daemon takes.
+
+Everything above ``backends/`` sees only these records, never a Slurm JSON dialect. Three
+implementations share the interface: the CLI backend (``squeue --json`` + ``scontrol``), the
+simulator's in-memory cluster, and later pyslurm.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Base job states (Slurm's JOB_STATE_BASE names). Flags (REQUEUED, COMPLETING, ...) go to `state_flags`.
+PENDING = "PENDING"
+RUNNING = "RUNNING"
+SUSPENDED = "SUSPENDED"
+ACTIVE_STATES = frozenset({PENDING, RUNNING, SUSPENDED})
+
+
+class SlurmError(RuntimeError):
+    """A Slurm call failed. Carries the argv, exit status and stderr so a log line can say what happened."""
+
+    def __init__(self, message: str, *, argv: Sequence[str] = (), returncode: int | None = None, stderr: str = ""):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        detail = f" (command: {' '.join(self.argv)}" if self.argv else ""
+        if detail:
+            detail += f"; exit {returncode}" if returncode is not None else ""
+            detail += f"; stderr: {stderr.strip()[:500]!r})" if stderr.strip() else ")"
+        super().__init__(message + detail)
+
+
+class SlurmTimeout(SlurmError):
+    """A Slurm call did not answer in time (subprocess timeout or 'Socket timed out')."""
+
+
+class SlurmParseError(SlurmError):
+    """Slurm answered with output we cannot read (truncated JSON, an unknown shape)."""
+
+
+class JobNotRequeueable(SlurmError):
+    """The job was submitted with --no-requeue: Slurm refuses to requeue it, even for root."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One Slurm job as the daemon needs it, the same for every Slurm version."""
+
+    job_id: int
+    name: str
+    user: str
+    partition: str
+    state: str  # base state: PENDING, RUNNING, SUSPENDED, COMPLETED, CANCELLED, FAILED, ...
+    state_flags: tuple[str, ...] = ()  # e.g. ("REQUEUED",), ("COMPLETING",)
+    state_reason: str = ""
+    gpus_per_node: int = 0
+    gpus_total: int = 0  # gpus_per_node x node_count (what it runs on or will run on)
+    node_count: int = 0
+    nodes: tuple[str, ...] = ()  # expanded node names, empty while pending
+    comment: str = ""
+    admin_comment: str = ""
+    restart_count: int = 0
+    priority: int | None = None
+    held: bool = False  # priority 0 (user or admin hold)
+    requeueable: bool = True
+    submit_time: int | None = None
+    start_time: int | None = None
+    user_id: int | None = None
+
+    @property
+    def is_pending(self) -> bool:
+        return self.state == PENDING
+
+    @property
+    def is_running(self) -> bool:
+        return self.state == RUNNING
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node: its state and GPUs (total and in use), and the partitions it belongs to."""
+
+    name: str
+    state: str  # base state, upper case: IDLE, MIXED, ALLOCATED, DOWN, ...
+    state_flags: tuple[str, ...] = ()  # e.g. ("DRAIN",), ("NOT_RESPONDING",)
+    gpus_total: int = 0
+    gpus_used: int = 0
+    cpus_total: int = 0
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        """Up and schedulable: not down, drained, failing or not responding."""
+        bad = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "FUTURE", "UNKNOWN"}
+        return self.state not in bad and not (set(self.state_flags) & bad)
+
+
+class SlurmBackend(abc.ABC):
+    """What the daemon (and the simulator) need from Slurm; one implementation per transport."""
+
+    @abc.abstractmethod
+    def list_jobs(self) -> list[JobRecord]:
+        """Active jobs (pending, running, suspended) of the cluster; finished ones are filtered out."""
+
+    @abc.abstractmethod
+    def list_nodes(self) -> list[NodeRecord]:
+        """All nodes with their GPU totals and usage."""
+
+    def get_job(self, job_id: int) -> JobRecord | None:
+        """One job by id, or None if Slurm no longer lists it as active."""
+        for job in self.list_jobs():
+            if job.job_id == job_id:
+                return job
+        return None
+
+    @abc.abstractmethod
+    def hold(self, job_id: int) -> None:
+        """Admin-hold a pending job (priority 0) so Slurm does not start it."""
+
+    @abc.abstractmethod
+    def release(self, job_id: int) -> None:
+        """Release a held job so Slurm may start it."""
+
+    @abc.abstractmethod
+    def requeue_hold(self, job_id: int) -> None:
+        """Stop a running batch job and put it back in the queue, held. Refuses non-requeueable jobs."""
+
+    @abc.abstractmethod
+    def update_job(
+        self,
+        job_id: int,
+        *,
+        gpus_per_node: int | None = None,
+        num_nodes: int | None = None,
+        start_now: bool = False,
+        admin_comment: str | None = None,
+    ) -> None:
+        """Change a pending job: GPUs per node and exact node count, begin time now, admin comment."""
+
+    @abc.abstractmethod
+    def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
+        """Send a signal to a running job's steps (or only its batch shell), e.g. to ask for a checkpoint."""
+
+    def version(self) -> str:
+        """The Slurm release this backend talks to, e.g. '22.05.8'."""
+        return "unknown"

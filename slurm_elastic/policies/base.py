@@ -1,0 +1,83 @@
+"""The policy interface: a pure function from (capacity, jobs) to an allocation of GPUs and batch sizes.
+
+The daemon and the simulator both build an :class:`AllocationProblem` and call ``policy.allocate``;
+the planner then turns the :class:`Allocation` into Slurm actions. Policies do no I/O.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.spec import ElasticSpec
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One elastic job as a policy sees it. Jobs come to a policy in priority order."""
+
+    job_id: int | str
+    spec: ElasticSpec
+    model: ThroughputModel
+    running_gpus: int = 0  # 0 while pending
+    running_batch: int | None = None
+    restart_s: float = 45.0  # estimated checkpoint + requeue + restart time of a rescale
+    wait_s: float = 0.0  # how long it has been pending (for starvation control)
+
+    @property
+    def is_running(self) -> bool:
+        return self.running_gpus > 0
+
+    @property
+    def weight(self) -> float:
+        return self.spec.weight
+
+
+@dataclass(frozen=True)
+class AllocationProblem:
+    """GPUs available to elastic jobs, the node size, and the jobs in priority order."""
+
+    total_gpus: int
+    node_size: int
+    jobs: tuple[JobRequest, ...]
+    horizon_s: float = 3600.0  # restart costs are amortised over this planning horizon
+    allow_preemption: bool = False  # may a running job be stopped (shrunk to 0)?
+    free_gpus_per_node: tuple[int, ...] | None = None  # optional finer capacity, when known
+
+
+@dataclass(frozen=True)
+class JobAllocation:
+    """What a policy gives one job. ``gpus == 0`` means: not now (stay pending / be stopped)."""
+
+    job_id: int | str
+    gpus: int
+    nodes: int = 0
+    batch: int = 0
+    local_batch: int = 0
+    accum: int = 1
+    samples_per_s: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The answer: one entry per job of the problem, the objective value, and how long it took."""
+
+    jobs: dict[int | str, JobAllocation] = field(default_factory=dict)
+    objective: float = 0.0
+    solve_s: float = 0.0
+    policy: str = ""
+
+    def gpus_used(self) -> int:
+        return sum(a.gpus for a in self.jobs.values())
+
+
+class Policy(abc.ABC):
+    """One scheduling policy. Implementations live one per file in ``slurm_elastic/policies/``."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def allocate(self, problem: AllocationProblem) -> Allocation:
+        """Choose GPUs and batch for every job of ``problem``."""

@@ -1,0 +1,365 @@
+"""The elastic job spec (what a user promises at submit time) and the daemon's decision record.
+
+A job declares itself elastic in its Slurm ``Comment``::
+
+    #SBATCH --comment="elastic:min_gpus=1,max_gpus=8,min_batch=128,max_batch=4096,max_local_batch=512"
+
+The comment is the one free-text field every Slurm version carries verbatim through ``squeue --json``
+and that the user controls. The daemon writes its decision (GPU count, node count, global batch for
+the next start) into ``AdminComment``, which only root/SlurmUser/operators can set, so a user cannot
+forge it and the job can read it back from its own Slurm record when it starts.
+
+Parsing is strict: unknown keys, non-integers, ``min > max`` and batch ranges that no allowed GPU
+count can reach raise :class:`SpecError`, which names the job and the field. This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields, replace
+
+SPEC_PREFIX = "elastic:"
+DECISION_PREFIX = "elastic-decision:"
+
+# Bounds that keep hostile input (batch 10**18, GPU counts past any cluster) out of the optimizer.
+MAX_GPUS_LIMIT = 1 << 20
+MAX_BATCH_LIMIT = 1 << 40
+MAX_ACCUM_LIMIT = 1 << 12
+MAX_POINTS = 256
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_INT_RE = re.compile(r"^[0-9]{1,15}$")
+_FLOAT_RE = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?$")
+
+
+class SpecError(ValueError):
+    """A malformed elastic spec or decision. ``job_id`` and ``field`` say where."""
+
+    def __init__(self, message: str, *, job_id: int | str | None = None, field: str | None = None):
+        self.job_id = job_id
+        self.field = field
+        self.reason = message
+        where = []
+        if job_id is not None:
+            where.append(f"job {job_id}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    """One measured (or declared) operating point: ``gpus`` GPUs at global ``batch`` gave ``samples_per_s``."""
+
+    gpus: int
+    batch: int
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """What the daemon may do with a job: the GPU and batch ranges it accepts, and how it scales."""
+
+    min_gpus: int
+    max_gpus: int
+    min_batch: int
+    max_batch: int
+    max_local_batch: int
+    batch: int | None = None  # the batch the user asked for (used by fixed-batch/static, and without a decision)
+    gpus: int | None = None  # the GPU count the user asked for (static); defaults to min_gpus
+    min_local_batch: int = 1
+    max_accum: int = 1  # largest gradient-accumulation factor (1 = none)
+    gpus_per_node: int | None = None  # fixed per-node shape, if the job needs one
+    profile: str | None = None  # name of a measured throughput profile, e.g. "cifar10"
+    points: tuple[ThroughputPoint, ...] = field(default_factory=tuple)
+    weight: float = 1.0
+    restart_s: float | None = None  # the user's estimate of checkpoint + restart time
+
+    @property
+    def requested_batch(self) -> int:
+        return self.batch if self.batch is not None else self.min_batch
+
+    @property
+    def requested_gpus(self) -> int:
+        return self.gpus if self.gpus is not None else self.min_gpus
+
+    def allowed_gpu_counts(self, node_size: int) -> list[int]:
+        """GPU counts this job may run on, on nodes of ``node_size`` GPUs.
+
+        The placement rule: ``k <= node_size`` runs on one node; a larger ``k`` takes whole nodes
+        (``k`` a multiple of ``node_size``). With ``gpus_per_node=g`` the job runs ``g`` per node,
+        so ``k`` is ``g`` times a node count (``g <= node_size``).
+        """
+        out = []
+        for k in range(self.min_gpus, self.max_gpus + 1):
+            if self.gpus_per_node is not None:
+                g = self.gpus_per_node
+                if g <= node_size and k % g == 0:
+                    out.append(k)
+            elif k <= node_size or k % node_size == 0:
+                out.append(k)
+        return out
+
+    def placement(self, gpus: int, node_size: int) -> tuple[int, int]:
+        """``(nodes, gpus_per_node)`` for ``gpus`` GPUs under the rule of :meth:`allowed_gpu_counts`."""
+        per_node = self.gpus_per_node or (gpus if gpus <= node_size else node_size)
+        if gpus % per_node:
+            raise ValueError(f"{gpus} GPUs do not fill whole nodes of {per_node}")
+        return gpus // per_node, per_node
+
+    def split_batch(self, gpus: int, batch: int) -> tuple[int, int] | None:
+        """``(local_batch, accum_steps)`` for a global ``batch`` on ``gpus`` GPUs, or None if infeasible.
+
+        Feasible means: ``batch`` divides evenly over the GPUs, and the per-GPU share divides into
+        ``accum_steps <= max_accum`` equal micro-batches of at most ``max_local_batch`` and at least
+        ``min_local_batch`` samples. The fewest accumulation steps are chosen.
+        """
+        if gpus <= 0 or batch < self.min_batch or batch > self.max_batch or batch % gpus:
+            return None
+        share = batch // gpus
+        first = max(1, -(-share // self.max_local_batch))
+        for accum in range(first, min(self.max_accum, share) + 1):
+            if share % accum == 0:
+                local = share // accum
+                if local < self.min_local_batch:
+                    return None
+                return local, accum
+        return None
+
+    def feasible_batches(self, gpus: int) -> list[int]:
+        """Every global batch in range that ``gpus`` GPUs can run (see :meth:`split_batch`)."""
+        lo = -(-self.min_batch // gpus) * gpus
+        return [b for b in range(lo, self.max_batch + 1, gpus) if self.split_batch(gpus, b) is not None]
+
+    def to_comment(self) -> str:
+        """The canonical ``elastic:...`` string for this spec (round-trips through :func:`parse_spec`)."""
+        parts = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "points":
+                if v:
+                    parts.append("points=" + "|".join(f"{p.gpus}x{p.batch}@{p.samples_per_s:g}" for p in v))
+                continue
+            if v is None or v == f.default:
+                if f.name not in _REQUIRED:
+                    continue
+            parts.append(f"{f.name}={v:g}" if isinstance(v, float) else f"{f.name}={v}")
+        return SPEC_PREFIX + ",".join(parts)
+
+
+_REQUIRED = ("min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch")
+_INT_FIELDS = {
+    "min_gpus": MAX_GPUS_LIMIT,
+    "max_gpus": MAX_GPUS_LIMIT,
+    "gpus": MAX_GPUS_LIMIT,
+    "gpus_per_node": MAX_GPUS_LIMIT,
+    "min_batch": MAX_BATCH_LIMIT,
+    "max_batch": MAX_BATCH_LIMIT,
+    "batch": MAX_BATCH_LIMIT,
+    "max_local_batch": MAX_BATCH_LIMIT,
+    "min_local_batch": MAX_BATCH_LIMIT,
+    "max_accum": MAX_ACCUM_LIMIT,
+}
+_FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
+_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points"}
+
+
+def is_elastic_comment(comment: str | None) -> bool:
+    """True when a job's comment declares it elastic (whether or not the spec is valid)."""
+    return bool(comment) and comment.strip().startswith(SPEC_PREFIX)
+
+
+def _parse_int(value: str, name: str, job_id, limit: int) -> int:
+    if not _INT_RE.match(value):
+        raise SpecError(f"expected a positive integer, got {value!r}", job_id=job_id, field=name)
+    n = int(value)
+    if n < 1:
+        raise SpecError("must be at least 1", job_id=job_id, field=name)
+    if n > limit:
+        raise SpecError(f"{n} exceeds the limit {limit}", job_id=job_id, field=name)
+    return n
+
+
+def _parse_float(value: str, name: str, job_id, limit: float) -> float:
+    if not _FLOAT_RE.match(value):
+        raise SpecError(f"expected a non-negative number, got {value!r}", job_id=job_id, field=name)
+    x = float(value)
+    if not math.isfinite(x) or x > limit:
+        raise SpecError(f"{value} is out of range (0..{limit:g})", job_id=job_id, field=name)
+    return x
+
+
+def _parse_points(value: str, job_id) -> tuple[ThroughputPoint, ...]:
+    pts = []
+    items = value.split("|")
+    if len(items) > MAX_POINTS:
+        raise SpecError(f"at most {MAX_POINTS} points", job_id=job_id, field="points")
+    for item in items:
+        m = re.fullmatch(r"([0-9]{1,7})x([0-9]{1,13})@([0-9.eE+-]{1,30})", item)
+        if not m:
+            raise SpecError(
+                f"expected GPUSxBATCH@SAMPLES_PER_S items joined by '|', got {item!r}", job_id=job_id, field="points"
+            )
+        k = _parse_int(m.group(1), "points", job_id, MAX_GPUS_LIMIT)
+        b = _parse_int(m.group(2), "points", job_id, MAX_BATCH_LIMIT)
+        t = _parse_float(m.group(3), "points", job_id, 1e12)
+        if t <= 0:
+            raise SpecError(f"throughput must be positive in {item!r}", job_id=job_id, field="points")
+        pts.append(ThroughputPoint(k, b, t))
+    return tuple(pts)
+
+
+def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
+    """Parse an ``elastic:key=value,...`` comment into an :class:`ElasticSpec`; raise only SpecError."""
+    if not isinstance(comment, str):
+        raise SpecError("the comment is not text", job_id=job_id, field="comment")
+    text = comment.strip()
+    if not text.startswith(SPEC_PREFIX):
+        raise SpecError(f"an elastic spec starts with {SPEC_PREFIX!r}", job_id=job_id, field="comment")
+    body = text[len(SPEC_PREFIX):]
+    if len(body) > 4096:
+        raise SpecError("the spec is longer than 4096 characters", job_id=job_id, field="comment")
+    values: dict[str, object] = {}
+    for item in body.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep:
+            raise SpecError(f"expected key=value, got {item!r}", job_id=job_id, field=key or "comment")
+        if key not in _KNOWN:
+            raise SpecError(f"unknown key (known: {', '.join(sorted(_KNOWN))})", job_id=job_id, field=key)
+        if key in values:
+            raise SpecError("given twice", job_id=job_id, field=key)
+        if key in _INT_FIELDS:
+            values[key] = _parse_int(value, key, job_id, _INT_FIELDS[key])
+        elif key in _FLOAT_FIELDS:
+            values[key] = _parse_float(value, key, job_id, _FLOAT_FIELDS[key])
+        elif key == "profile":
+            if not _NAME_RE.match(value):
+                raise SpecError(f"expected a profile name ([A-Za-z0-9_.-]), got {value!r}", job_id=job_id, field=key)
+            values[key] = value
+        else:
+            values[key] = _parse_points(value, job_id)
+    for key in _REQUIRED:
+        if key not in values:
+            raise SpecError("required", job_id=job_id, field=key)
+    if "weight" in values and values["weight"] <= 0:
+        raise SpecError("must be positive", job_id=job_id, field="weight")
+    spec = ElasticSpec(**values)  # type: ignore[arg-type]
+    validate_spec(spec, job_id)
+    return spec
+
+
+def validate_spec(spec: ElasticSpec, job_id: int | str | None = None, node_size: int | None = None) -> None:
+    """Check the cross-field rules; with ``node_size`` also that some placement on such nodes exists."""
+    if spec.min_gpus > spec.max_gpus:
+        raise SpecError(f"min_gpus {spec.min_gpus} > max_gpus {spec.max_gpus}", job_id=job_id, field="min_gpus")
+    if spec.min_batch > spec.max_batch:
+        raise SpecError(f"min_batch {spec.min_batch} > max_batch {spec.max_batch}", job_id=job_id, field="min_batch")
+    if spec.min_local_batch > spec.max_local_batch:
+        raise SpecError(
+            f"min_local_batch {spec.min_local_batch} > max_local_batch {spec.max_local_batch}",
+            job_id=job_id,
+            field="min_local_batch",
+        )
+    if spec.batch is not None and not spec.min_batch <= spec.batch <= spec.max_batch:
+        raise SpecError(
+            f"batch {spec.batch} is outside [{spec.min_batch}, {spec.max_batch}]", job_id=job_id, field="batch"
+        )
+    if spec.gpus is not None and not spec.min_gpus <= spec.gpus <= spec.max_gpus:
+        raise SpecError(f"gpus {spec.gpus} is outside [{spec.min_gpus}, {spec.max_gpus}]", job_id=job_id, field="gpus")
+    if spec.gpus_per_node is not None and spec.max_gpus < spec.gpus_per_node:
+        raise SpecError(
+            f"gpus_per_node {spec.gpus_per_node} > max_gpus {spec.max_gpus}", job_id=job_id, field="gpus_per_node"
+        )
+    if node_size is not None and spec.gpus_per_node is not None and spec.gpus_per_node > node_size:
+        raise SpecError(
+            f"gpus_per_node {spec.gpus_per_node} exceeds the node size {node_size}", job_id=job_id, field="gpus_per_node"
+        )
+    # Some allowed GPU count must reach the batch range (cheap check: no enumeration of huge ranges).
+    counts = range(spec.min_gpus, min(spec.max_gpus, spec.min_gpus + 4096) + 1)
+    if spec.gpus_per_node is not None:
+        counts = [k for k in counts if k % spec.gpus_per_node == 0]
+    if node_size is not None:
+        allowed = set(spec.allowed_gpu_counts(node_size)) if spec.max_gpus <= 65536 else None
+        if allowed is not None:
+            counts = [k for k in counts if k in allowed]
+    if not any(_reachable(spec, k) for k in counts):
+        raise SpecError(
+            f"no allowed GPU count in [{spec.min_gpus}, {spec.max_gpus}] can run a global batch in "
+            f"[{spec.min_batch}, {spec.max_batch}] with {spec.min_local_batch}..{spec.max_local_batch} "
+            f"samples per GPU and at most {spec.max_accum} accumulation steps",
+            job_id=job_id,
+            field="max_batch",
+        )
+    if spec.batch is not None and spec.gpus is not None and spec.split_batch(spec.gpus, spec.batch) is None:
+        raise SpecError(
+            f"the requested batch {spec.batch} cannot run on the requested {spec.gpus} GPUs", job_id=job_id, field="batch"
+        )
+
+
+def _reachable(spec: ElasticSpec, k: int) -> bool:
+    """Is there a feasible batch on k GPUs? Checked arithmetically (the range may be huge)."""
+    lo = max(spec.min_batch, k * spec.min_local_batch)
+    hi = min(spec.max_batch, k * spec.max_local_batch * spec.max_accum)
+    if lo > hi:
+        return False
+    # Try accumulation factors; with `a` steps the batch is k*a*local, local in [min_local, max_local].
+    for a in range(1, min(spec.max_accum, 64) + 1):
+        step = k * a
+        lo_l = max(spec.min_local_batch, -(-spec.min_batch // step))
+        hi_l = min(spec.max_local_batch, spec.max_batch // step)
+        if lo_l <= hi_l:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the daemon decided for a job's next start; written into the job's AdminComment."""
+
+    gpus: int
+    nodes: int
+    batch: int
+    local_batch: int
+    accum: int = 1
+    seq: int = 0  # increases with every decision for this job, so a job can tell a stale one
+
+    def to_admin_comment(self) -> str:
+        return (
+            f"{DECISION_PREFIX}gpus={self.gpus},nodes={self.nodes},batch={self.batch},"
+            f"local_batch={self.local_batch},accum={self.accum},seq={self.seq}"
+        )
+
+    def with_seq(self, seq: int) -> Decision:
+        return replace(self, seq=seq)
+
+
+def parse_decision(admin_comment: str | None, job_id: int | str | None = None) -> Decision | None:
+    """Read a decision back from an AdminComment; None when the daemon has written none."""
+    if not admin_comment or not admin_comment.strip().startswith(DECISION_PREFIX):
+        return None
+    body = admin_comment.strip()[len(DECISION_PREFIX):]
+    values: dict[str, int] = {}
+    for item in body.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("gpus", "nodes", "batch", "local_batch", "accum", "seq"):
+            raise SpecError(f"bad decision item {item!r}", job_id=job_id, field="admin_comment")
+        if not _INT_RE.match(value):
+            raise SpecError(f"{key} is not an integer: {value!r}", job_id=job_id, field="admin_comment")
+        values[key] = int(value)
+    missing = {"gpus", "nodes", "batch", "local_batch"} - set(values)
+    if missing:
+        raise SpecError(f"decision lacks {', '.join(sorted(missing))}", job_id=job_id, field="admin_comment")
+    d = Decision(**values)
+    if d.gpus < 1 or d.nodes < 1 or d.local_batch < 1 or d.accum < 1:
+        raise SpecError("decision values must be positive", job_id=job_id, field="admin_comment")
+    if d.gpus * d.local_batch * d.accum != d.batch:
+        raise SpecError(
+            f"batch {d.batch} != gpus {d.gpus} x local_batch {d.local_batch} x accum {d.accum}",
+            job_id=job_id,
+            field="admin_comment",
+        )
+    return d
