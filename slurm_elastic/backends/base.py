@@ -15,7 +15,8 @@ from dataclasses import dataclass
 PENDING = "PENDING"
 RUNNING = "RUNNING"
 SUSPENDED = "SUSPENDED"
-ACTIVE_STATES = frozenset({PENDING, RUNNING, SUSPENDED})
+COMPLETING = "COMPLETING"  # 22.05 prints only this flag while a job's processes end (it still holds its GPUs)
+ACTIVE_STATES = frozenset({PENDING, RUNNING, SUSPENDED, COMPLETING})
 
 
 class SlurmError(RuntimeError):
@@ -78,6 +79,16 @@ class JobRecord:
         return self.state == RUNNING
 
     @property
+    def is_completing(self) -> bool:
+        """Processes still ending (after a requeue, cancel or exit): no update may rely on it yet."""
+        return self.state == COMPLETING or COMPLETING in self.state_flags
+
+    @property
+    def is_requeued_settled(self) -> bool:
+        """Back in the queue with the requeue finished: safe to update and release."""
+        return self.state == PENDING and not self.is_completing
+
+    @property
     def is_active(self) -> bool:
         return self.state in ACTIVE_STATES
 
@@ -112,8 +123,8 @@ class SlurmBackend(abc.ABC):
     def list_nodes(self) -> list[NodeRecord]:
         """All nodes with their GPU totals and usage."""
 
-    def get_job(self, job_id: int) -> JobRecord | None:
-        """One job by id, or None if Slurm no longer lists it as active."""
+    def get_job(self, job_id: int, include_finished: bool = False) -> JobRecord | None:
+        """One job by id, or None if Slurm no longer lists it (as active, unless ``include_finished``)."""
         for job in self.list_jobs():
             if job.job_id == job_id:
                 return job
@@ -138,10 +149,11 @@ class SlurmBackend(abc.ABC):
         *,
         gpus_per_node: int | None = None,
         num_nodes: int | None = None,
+        num_tasks: int | None = None,
         start_now: bool = False,
         admin_comment: str | None = None,
     ) -> None:
-        """Change a pending job: GPUs per node and exact node count, begin time now, admin comment."""
+        """Change a pending job: GPUs per node, exact node count, task count, begin time now, admin comment."""
 
     @abc.abstractmethod
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:

@@ -1,0 +1,222 @@
+"""The default backend: Slurm's command-line tools with ``--json`` for reads and ``scontrol`` for actions.
+
+Every call is an argv list (never a shell), has a timeout, and fails with a :class:`SlurmError`
+that carries the command and its stderr. Calls that time out, or that Slurm answers with a
+transient "Socket timed out"-style error, are retried a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+from slurm_elastic.backends import dialects
+from slurm_elastic.backends.base import (
+    ACTIVE_STATES,
+    JobNotRequeueable,
+    JobRecord,
+    NodeRecord,
+    SlurmBackend,
+    SlurmError,
+    SlurmParseError,
+    SlurmTimeout,
+)
+
+TRANSIENT_ERRORS = re.compile(
+    r"Socket timed out|Unable to contact slurm controller|Zero Bytes were transmitted|"
+    r"Connection refused|Resource temporarily unavailable|slurm_receive_msg",
+    re.IGNORECASE,
+)
+_SIGNAL_RE = re.compile(r"^(SIG)?[A-Z0-9]{1,8}$")
+
+
+class CliBackend(SlurmBackend):
+    """Talks to the slurmctld that ``SLURM_CONF`` (in ``env``) points at, through the Slurm CLI."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        bin_dir: str = "/usr/bin",
+        timeout: float = 30.0,
+        retries: int = 3,
+        retry_delay: float = 1.0,
+        runner=subprocess.run,
+    ):
+        self.env = {**os.environ, **(env or {})}
+        self.bin_dir = bin_dir
+        self.timeout = timeout
+        self.retries = retries
+        self.retry_delay = retry_delay
+        self._run = runner
+        self._version: tuple[int, int, int] | None = None
+
+    # ----- plumbing ---------------------------------------------------------------------------
+    def _call(self, tool: str, args: Sequence[str], *, retry: bool = True) -> str:
+        argv = [os.path.join(self.bin_dir, tool), *args]
+        attempts = 1 + (self.retries if retry else 0)
+        last: SlurmError | None = None
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(self.retry_delay * attempt)
+            try:
+                r = self._run(argv, env=self.env, capture_output=True, text=True, timeout=self.timeout, check=False)
+            except subprocess.TimeoutExpired as e:
+                last = SlurmTimeout(f"{tool} did not answer within {self.timeout:.0f} s", argv=argv,
+                                    stderr=(e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes)
+                                    else (e.stderr or ""))
+                continue
+            except FileNotFoundError as e:
+                raise SlurmError(f"{tool} is not installed at {argv[0]}", argv=argv) from e
+            if r.returncode == 0:
+                return r.stdout
+            err = SlurmError(f"{tool} failed", argv=argv, returncode=r.returncode, stderr=r.stderr)
+            if TRANSIENT_ERRORS.search(r.stderr or ""):
+                last = SlurmTimeout(f"{tool} failed transiently", argv=argv, returncode=r.returncode, stderr=r.stderr)
+                continue
+            raise err
+        assert last is not None
+        raise last
+
+    def _json(self, tool: str, args: Sequence[str]) -> dict:
+        out = self._call(tool, args)
+        try:
+            doc = json.loads(out)
+        except ValueError as e:
+            raise SlurmParseError(
+                f"{tool} printed invalid JSON ({e}; {len(out)} bytes, starts {out[:80]!r})",
+                argv=[tool, *args],
+            ) from e
+        if not isinstance(doc, dict):
+            raise SlurmParseError(f"{tool} printed JSON that is not an object", argv=[tool, *args])
+        return doc
+
+    def version_tuple(self) -> tuple[int, int, int]:
+        if self._version is None:
+            out = self._call("squeue", ["--version"])
+            m = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+            if not m:
+                raise SlurmParseError(f"cannot read a version from {out!r}", argv=["squeue", "--version"])
+            self._version = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        return self._version
+
+    def version(self) -> str:
+        return ".".join(f"{x:02d}" if i == 1 else str(x) for i, x in enumerate(self.version_tuple()))
+
+    # ----- reads --------------------------------------------------------------------------------
+    def raw_jobs(self, include_finished: bool = False) -> dict:
+        """The ``squeue --json`` document (22.05 ignores filters and lists finished jobs anyway)."""
+        args = ["--json"]
+        if include_finished and self.version_tuple() >= (23, 2, 0):
+            args = ["--json", "--states=all"]
+        return self._json("squeue", args)
+
+    def raw_nodes(self) -> dict:
+        """Per-node JSON: ``sinfo --json`` on 22.05, ``scontrol show nodes --json`` from 23.02."""
+        if self.version_tuple() >= (23, 2, 0):
+            return self._json("scontrol", ["show", "nodes", "--json"])
+        return self._json("sinfo", ["--json"])
+
+    def list_jobs(self, include_finished: bool = False) -> list[JobRecord]:
+        jobs = dialects.parse_jobs(self.raw_jobs(include_finished))
+        if not include_finished:
+            jobs = [j for j in jobs if j.state in ACTIVE_STATES]
+        return jobs
+
+    def get_job(self, job_id: int, include_finished: bool = False) -> JobRecord | None:
+        for job in self.list_jobs(include_finished=include_finished):
+            if job.job_id == job_id:
+                return job
+        return None
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return dialects.parse_nodes(self.raw_nodes())
+
+    # ----- actions ------------------------------------------------------------------------------
+    @staticmethod
+    def _jid(job_id: int) -> str:
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
+            raise ValueError(f"job id must be a positive integer, got {job_id!r}")
+        return str(job_id)
+
+    def hold(self, job_id: int) -> None:
+        self._call("scontrol", ["hold", self._jid(job_id)])
+
+    def release(self, job_id: int) -> None:
+        self._call("scontrol", ["release", self._jid(job_id)])
+
+    def requeue_hold(self, job_id: int) -> None:
+        job = self.get_job(job_id)
+        if job is None:
+            raise SlurmError(f"job {job_id} is not active; nothing to requeue")
+        if not job.requeueable:
+            raise JobNotRequeueable(f"job {job_id} was submitted with --no-requeue; Slurm refuses to requeue it")
+        self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
+        self.wait_requeued(job_id)
+
+    def wait_requeued(self, job_id: int, timeout: float = 120.0, poll: float = 0.2) -> JobRecord:
+        """Wait until a requeued job has finished completing and is pending again.
+
+        Slurm finishes a requeue asynchronously (after the epilog) and only then sets the job's begin
+        time to now + cred_expire; an update made before that is overwritten, so callers must wait.
+        """
+        deadline = time.monotonic() + timeout
+        job = None
+        while time.monotonic() < deadline:
+            job = self.get_job(job_id)
+            if job is None:
+                raise SlurmError(f"job {job_id} left the queue while being requeued")
+            if job.is_requeued_settled:
+                return job
+            time.sleep(poll)
+        raise SlurmTimeout(f"job {job_id} was still {job.state if job else '?'} {timeout:.0f} s after requeuehold")
+
+    def gres_request(self, gpus_per_node: int) -> str:
+        """The TresPerNode value in this Slurm's spelling: gres:gpu:K (22.05) or gres/gpu:K (23.11+)."""
+        sep = "/" if self.version_tuple() >= (23, 11, 0) else ":"
+        return f"gres{sep}gpu:{gpus_per_node}"
+
+    def update_job(
+        self,
+        job_id: int,
+        *,
+        gpus_per_node: int | None = None,
+        num_nodes: int | None = None,
+        num_tasks: int | None = None,
+        start_now: bool = False,
+        admin_comment: str | None = None,
+    ) -> None:
+        jid = self._jid(job_id)
+        resize: list[str] = []
+        if gpus_per_node is not None:
+            if gpus_per_node < 1:
+                raise ValueError(f"job {job_id}: gpus_per_node must be >= 1, got {gpus_per_node}")
+            resize.append(f"TresPerNode={self.gres_request(gpus_per_node)}")
+        if num_nodes is not None:
+            if num_nodes < 1:
+                raise ValueError(f"job {job_id}: num_nodes must be >= 1, got {num_nodes}")
+            resize.append(f"NumNodes={num_nodes}-{num_nodes}")
+        if num_tasks is not None:
+            resize.append(f"NumTasks={num_tasks}")
+        if resize:
+            self._call("scontrol", ["update", f"JobId={jid}", *resize])
+        if admin_comment is not None:
+            if "\n" in admin_comment or len(admin_comment) > 1024:
+                raise ValueError(f"job {job_id}: admin comment must be one line of at most 1024 characters")
+            self._call("scontrol", ["update", f"JobId={jid}", f"AdminComment={admin_comment}"])
+        if start_now:
+            # A requeued job otherwise waits cred_expire (120 s by default) before it may start.
+            self._call("scontrol", ["update", f"JobId={jid}", "StartTime=now"])
+
+    def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
+        sig = signal.upper()
+        if not _SIGNAL_RE.match(sig):
+            raise ValueError(f"not a signal name: {signal!r}")
+        args = [f"--signal={sig}"]
+        if batch_only:
+            args.append("--batch")
+        self._call("scancel", [*args, self._jid(job_id)])

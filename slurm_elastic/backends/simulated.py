@@ -1,0 +1,496 @@
+"""An in-memory Slurm with a virtual clock, implementing :class:`SlurmBackend` for the simulator.
+
+It behaves like the parts of Slurm the daemon uses, and models what a job does:
+
+- **Nodes** of ``gpus_per_node`` GPUs in one partition. A job asks for ``num_nodes`` x
+  ``gpus_per_node``; placement is best-fit (the nodes with the fewest free GPUs that fit), so small
+  jobs pack and whole nodes stay free for large ones.
+- **Slurm's own scheduler**: pending, not-held jobs start in submit order when their GPUs fit,
+  with backfill (a job that fits starts even if an earlier one does not). Elastic jobs are submitted
+  held (as the submit plugin holds them), so only the daemon's ``release`` lets them start.
+  Non-elastic jobs are submitted released and run for their ``duration_s``.
+- **An elastic job's work**: it has ``total_samples`` to process. Once started it spends a start-up
+  time (``startup_s`` on its first start, ``restart_s`` after a requeue) holding its GPUs without
+  progress, then trains at ``model.samples_per_s(gpus, nodes, local_batch, accum)`` with the
+  decision read from its ``AdminComment`` (without a decision: the spec's requested batch), and
+  completes when it has processed ``total_samples``.
+- ``signal(USR2)``: the job stops training, writes a checkpoint for ``checkpoint_s`` and then
+  acknowledges (:meth:`checkpoint_acked`); it keeps its GPUs until ``requeue_hold``.
+- ``requeue_hold``: the job goes back to pending and held and frees its GPUs. Work since its last
+  checkpoint is lost (none, after an acknowledged checkpoint).
+- ``update_job`` (pending jobs only) sets GPUs per node, node count and admin comment;
+  ``release`` lets Slurm start it.
+
+The clock only moves through :meth:`advance_to`, which processes the internal events (start-up done,
+checkpoint written, job complete) in time order. Time integrals (GPU-seconds in use, GPU-seconds
+lost to rescales) are kept for the simulator's metrics. Nothing here reads a file or the wall clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from slurm_elastic.backends.base import (
+    PENDING,
+    RUNNING,
+    JobNotRequeueable,
+    JobRecord,
+    NodeRecord,
+    SlurmBackend,
+    SlurmError,
+)
+from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.spec import SpecError, parse_decision, parse_spec
+
+COMPLETED = "COMPLETED"
+
+# Phases of a running elastic job.
+STARTING = "starting"
+TRAINING = "training"
+CHECKPOINTING = "checkpointing"
+ACKED = "acked"
+
+
+@dataclass
+class SimJob:
+    job_id: int
+    name: str
+    user: str
+    partition: str
+    comment: str
+    submit_time: float
+    gpus_per_node: int
+    num_nodes: int
+    held: bool
+    requeueable: bool = True
+    admin_comment: str = ""
+    total_samples: float | None = None  # elastic jobs
+    duration_s: float | None = None  # non-elastic jobs
+    model: ThroughputModel | None = None
+    checkpoint_s: float = 10.0
+    restart_s: float = 35.0
+    startup_s: float = 0.0
+    state: str = PENDING
+    phase: str = ""
+    nodes: list[int] = field(default_factory=list)
+    processed: float = 0.0
+    checkpointed: float = 0.0
+    rate: float = 0.0
+    last_update: float = 0.0
+    run_start: float = 0.0
+    first_start: float | None = None
+    end_time: float | None = None
+    restart_count: int = 0
+    acked: bool = False
+    version: int = 0
+    gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0  # GPU-seconds held while checkpointing or restarting
+    startup_gpu_s: float = 0.0
+    rescales: int = 0
+    record: JobRecord | None = None
+    batch: int = 0
+    local_batch: int = 0
+    accum: int = 1
+    size_history: list[tuple[float, int, int]] = field(default_factory=list)  # (time, gpus, batch)
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def elastic(self) -> bool:
+        return self.total_samples is not None
+
+
+class SimulatedSlurm(SlurmBackend):
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        nodes: int = 16,
+        gpus_per_node: int = 4,
+        *,
+        partition: str = "gpu",
+        checkpoint_s: float = 10.0,
+        restart_s: float = 35.0,
+        startup_s: float = 0.0,
+        first_job_id: int = 1,
+    ):
+        if nodes < 1 or gpus_per_node < 1:
+            raise ValueError("a simulated cluster needs at least one node with one GPU")
+        self.now = 0.0
+        self.partition = partition
+        self.node_names = [f"sim{i:04d}" for i in range(nodes)]
+        self.node_gpus = gpus_per_node
+        self.free = [gpus_per_node] * nodes
+        self.total_gpus = nodes * gpus_per_node
+        self.checkpoint_s = checkpoint_s
+        self.restart_s = restart_s
+        self.startup_s = startup_s
+        self.jobs: dict[int, SimJob] = {}
+        self.active: dict[int, SimJob] = {}
+        self.finished: list[SimJob] = []
+        self._next_id = first_job_id
+        self._events: list[tuple[float, int, int, int, str]] = []
+        self._seq = 0
+        self._queue: list[int] = []  # pending, released jobs, submit order
+        self._dirty = False
+        self.in_use = 0
+        self.peak_in_use = 0
+        self.busy_gpu_s = 0.0
+        self._nodes_cache: list[NodeRecord] | None = None
+        self.on_complete = None  # optional callback(job)
+
+    # ---- job submission (what sbatch would do) ----
+    def submit(
+        self,
+        *,
+        name: str,
+        gpus_per_node: int,
+        num_nodes: int = 1,
+        comment: str = "",
+        user: str = "user",
+        held: bool | None = None,
+        total_samples: float | None = None,
+        duration_s: float | None = None,
+        model: ThroughputModel | None = None,
+        requeueable: bool = True,
+        checkpoint_s: float | None = None,
+        restart_s: float | None = None,
+        startup_s: float | None = None,
+    ) -> int:
+        if (total_samples is None) == (duration_s is None):
+            raise ValueError("a simulated job needs exactly one of total_samples (elastic) or duration_s")
+        if total_samples is not None and model is None:
+            raise ValueError("an elastic simulated job needs a throughput model")
+        if gpus_per_node > self.node_gpus:
+            raise SlurmError(f"job {name}: {gpus_per_node} GPUs per node on nodes of {self.node_gpus}")
+        job_id = self._next_id
+        self._next_id += 1
+        elastic = total_samples is not None
+        j = SimJob(
+            job_id=job_id,
+            name=name,
+            user=user,
+            partition=self.partition,
+            comment=comment,
+            submit_time=self.now,
+            gpus_per_node=gpus_per_node,
+            num_nodes=num_nodes,
+            held=elastic if held is None else held,
+            requeueable=requeueable,
+            total_samples=total_samples,
+            duration_s=duration_s,
+            model=model,
+            checkpoint_s=self.checkpoint_s if checkpoint_s is None else checkpoint_s,
+            restart_s=self.restart_s if restart_s is None else restart_s,
+            startup_s=self.startup_s if startup_s is None else startup_s,
+            last_update=self.now,
+        )
+        self.jobs[job_id] = j
+        self.active[job_id] = j
+        if not j.held:
+            self._queue.append(job_id)
+            self._dirty = True
+        self._schedule()
+        return job_id
+
+    # ---- the clock ----
+    def next_event_time(self) -> float:
+        while self._events:
+            t, _, job_id, version, _ = self._events[0]
+            j = self.jobs[job_id]
+            if j.version == version:
+                return t
+            heapq.heappop(self._events)
+        return math.inf
+
+    def advance_to(self, t: float) -> None:
+        """Move the clock to ``t``, processing every internal event up to and including ``t``."""
+        if t < self.now:
+            raise ValueError(f"the clock cannot go back ({t} < {self.now})")
+        while self._events and self._events[0][0] <= t:
+            te, _, job_id, version, kind = heapq.heappop(self._events)
+            j = self.jobs[job_id]
+            if j.version != version:
+                continue
+            self._tick(te)
+            if kind == "train":
+                self._begin_training(j)
+            elif kind == "ack":
+                self._on_ack(j)
+            elif kind == "done":
+                self._complete(j)
+            self._schedule()
+        self._tick(t)
+
+    def _tick(self, t: float) -> None:
+        if t > self.now:
+            self.busy_gpu_s += self.in_use * (t - self.now)
+            self.now = t
+
+    def _push(self, t: float, j: SimJob, kind: str) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, j.job_id, j.version, kind))
+
+    def _changed(self, j: SimJob) -> None:
+        j.version += 1
+        j.record = None
+
+    # ---- job lifecycle ----
+    def _accrue(self, j: SimJob) -> None:
+        if j.phase == TRAINING and j.rate > 0:
+            j.processed += j.rate * (self.now - j.last_update)
+        j.last_update = self.now
+
+    def _start(self, j: SimJob, nodes: list[int]) -> None:
+        for n in nodes:
+            self.free[n] -= j.gpus_per_node
+            if self.free[n] < 0:
+                raise AssertionError(f"node {self.node_names[n]} over-allocated")
+        self.in_use += j.gpus
+        self.peak_in_use = max(self.peak_in_use, self.in_use)
+        self._nodes_cache = None
+        self._changed(j)
+        j.state = RUNNING
+        j.nodes = nodes
+        j.run_start = self.now
+        j.last_update = self.now
+        j.acked = False
+        if j.first_start is None:
+            j.first_start = self.now
+        if not j.elastic:
+            j.phase = TRAINING
+            self._push(self.now + j.duration_s, j, "done")
+            return
+        j.phase = STARTING
+        delay = j.restart_s if j.restart_count > 0 else j.startup_s
+        if j.restart_count > 0:
+            j.lost_gpu_s += delay * j.gpus
+        else:
+            j.startup_gpu_s += delay * j.gpus
+        self._push(self.now + delay, j, "train")
+
+    def _begin_training(self, j: SimJob) -> None:
+        self._changed(j)
+        j.phase = TRAINING
+        j.last_update = self.now
+        j.rate = self._rate(j)
+        j.size_history.append((self.now, j.gpus, j.batch))
+        if j.rate <= 0:
+            raise SlurmError(f"job {j.job_id}: throughput model gave {j.rate} samples/s")
+        remaining = max(0.0, j.total_samples - j.processed)
+        self._push(self.now + remaining / j.rate, j, "done")
+
+    def _rate(self, j: SimJob) -> float:
+        try:
+            d = parse_decision(j.admin_comment, j.job_id)
+        except SpecError:
+            d = None
+        if d is not None and d.gpus == j.gpus:
+            j.batch, j.local_batch, j.accum = d.batch, d.local_batch, d.accum
+        else:
+            try:
+                spec = parse_spec(j.comment, j.job_id)
+            except SpecError as e:
+                raise SlurmError(f"job {j.job_id}: no usable decision and no spec: {e}") from e
+            b = spec.requested_batch
+            split = spec.split_batch(j.gpus, b)
+            if split is None:
+                raise SlurmError(f"job {j.job_id}: requested batch {b} cannot run on {j.gpus} GPUs")
+            j.batch, j.local_batch, j.accum = b, split[0], split[1]
+        return j.model.samples_per_s(j.gpus, j.num_nodes, j.local_batch, j.accum)
+
+    def _on_ack(self, j: SimJob) -> None:
+        self._changed(j)
+        j.phase = ACKED
+        j.acked = True
+        j.checkpointed = j.processed
+
+    def _free_nodes(self, j: SimJob) -> None:
+        for n in j.nodes:
+            self.free[n] += j.gpus_per_node
+        self.in_use -= j.gpus
+        self._nodes_cache = None
+        j.gpu_s += j.gpus * (self.now - j.run_start)
+        j.nodes = []
+        self._dirty = True
+
+    def _complete(self, j: SimJob) -> None:
+        self._accrue(j)
+        self._free_nodes(j)
+        self._changed(j)
+        j.state = COMPLETED
+        j.phase = ""
+        j.end_time = self.now
+        del self.active[j.job_id]
+        self.finished.append(j)
+        if self.on_complete is not None:
+            self.on_complete(j)
+
+    def _schedule(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        still = []
+        for job_id in self._queue:
+            j = self.jobs[job_id]
+            if j.state != PENDING or j.held:
+                continue
+            nodes = self._place(j.gpus_per_node, j.num_nodes)
+            if nodes is None:
+                still.append(job_id)
+            else:
+                self._start(j, nodes)
+        self._queue = still
+
+    def _place(self, gpn: int, count: int) -> list[int] | None:
+        if gpn * count > self.total_gpus - self.in_use:
+            return None
+        cands = [i for i, f in enumerate(self.free) if f >= gpn]
+        if len(cands) < count:
+            return None
+        cands.sort(key=lambda i: (self.free[i], i))
+        return cands[:count]
+
+    def _get(self, job_id: int) -> SimJob:
+        j = self.active.get(job_id)
+        if j is None:
+            raise SlurmError(f"Invalid job id specified: {job_id}")
+        return j
+
+    # ---- SlurmBackend ----
+    def list_jobs(self) -> list[JobRecord]:
+        out = []
+        for j in self.active.values():
+            if j.record is None:
+                j.record = JobRecord(
+                    job_id=j.job_id,
+                    name=j.name,
+                    user=j.user,
+                    partition=j.partition,
+                    state=j.state,
+                    state_reason="JobHeldAdmin" if j.held else "",
+                    gpus_per_node=j.gpus_per_node,
+                    gpus_total=j.gpus,
+                    node_count=j.num_nodes,
+                    nodes=tuple(self.node_names[n] for n in j.nodes),
+                    comment=j.comment,
+                    admin_comment=j.admin_comment,
+                    restart_count=j.restart_count,
+                    priority=0 if j.held else None,
+                    held=j.held,
+                    requeueable=j.requeueable,
+                    submit_time=int(j.submit_time),
+                    start_time=int(j.run_start) if j.state == RUNNING else None,
+                )
+            out.append(j.record)
+        return out
+
+    def get_job(self, job_id: int, include_finished: bool = False) -> JobRecord | None:
+        j = self.active.get(job_id)
+        if j is None:
+            return None
+        if j.record is None:
+            self.list_jobs()
+        return j.record
+
+    def list_nodes(self) -> list[NodeRecord]:
+        if self._nodes_cache is None:
+            out = []
+            for i, name in enumerate(self.node_names):
+                used = self.node_gpus - self.free[i]
+                state = "IDLE" if used == 0 else ("ALLOCATED" if used == self.node_gpus else "MIXED")
+                out.append(NodeRecord(name, state, (), self.node_gpus, used, 0, (self.partition,)))
+            self._nodes_cache = out
+        return list(self._nodes_cache)
+
+    def hold(self, job_id: int) -> None:
+        j = self._get(job_id)
+        if j.state != PENDING:
+            raise SlurmError(f"job {job_id} is not pending")
+        self._changed(j)
+        j.held = True
+
+    def release(self, job_id: int) -> None:
+        j = self._get(job_id)
+        if j.state != PENDING:
+            raise SlurmError(f"job {job_id} is not pending")
+        self._changed(j)
+        if j.held:
+            j.held = False
+            self._queue.append(job_id)
+        self._dirty = True
+        self._schedule()
+
+    def requeue_hold(self, job_id: int) -> None:
+        j = self._get(job_id)
+        if j.state != RUNNING:
+            raise SlurmError(f"job {job_id} is not running")
+        if not j.requeueable:
+            raise JobNotRequeueable(f"job {job_id} is not requeueable")
+        self._accrue(j)
+        if j.elastic:
+            j.processed = j.checkpointed  # work since the last checkpoint is lost
+        self._free_nodes(j)
+        self._changed(j)
+        j.state = PENDING
+        j.phase = ""
+        j.held = True
+        j.acked = False
+        j.rate = 0.0
+        j.restart_count += 1
+        j.rescales += 1
+        self._schedule()
+
+    def update_job(
+        self,
+        job_id: int,
+        *,
+        gpus_per_node: int | None = None,
+        num_nodes: int | None = None,
+        num_tasks: int | None = None,
+        start_now: bool = False,
+        admin_comment: str | None = None,
+    ) -> None:
+        j = self._get(job_id)
+        if j.state != PENDING:
+            raise SlurmError(f"job {job_id} is not pending; cannot change its size")
+        if gpus_per_node is not None and not 1 <= gpus_per_node <= self.node_gpus:
+            raise SlurmError(f"job {job_id}: {gpus_per_node} GPUs per node on nodes of {self.node_gpus}")
+        if num_nodes is not None and not 1 <= num_nodes <= len(self.node_names):
+            raise SlurmError(f"job {job_id}: {num_nodes} nodes on a cluster of {len(self.node_names)}")
+        self._changed(j)
+        if gpus_per_node is not None:
+            j.gpus_per_node = gpus_per_node
+        if num_nodes is not None:
+            j.num_nodes = num_nodes
+        if admin_comment is not None:
+            j.admin_comment = admin_comment
+
+    def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
+        j = self._get(job_id)
+        if j.state != RUNNING:
+            raise SlurmError(f"job {job_id} is not running")
+        if signal != "USR2" or not j.elastic or j.phase in (CHECKPOINTING, ACKED):
+            return
+        self._accrue(j)
+        self._changed(j)
+        j.phase = CHECKPOINTING
+        j.rate = 0.0
+        j.lost_gpu_s += j.checkpoint_s * j.gpus
+        self._push(self.now + j.checkpoint_s, j, "ack")
+
+    def checkpoint_acked(self, job_id: int) -> bool:
+        j = self.active.get(job_id)
+        return j is not None and j.acked
+
+    def version(self) -> str:
+        return "simulated"
+
+    # ---- for the simulator ----
+    def elastic_active(self) -> Iterable[SimJob]:
+        return (j for j in self.active.values() if j.elastic)

@@ -1,0 +1,194 @@
+"""``slurm-elastic status``: elastic jobs in an squeue-style table (or JSON).
+
+Columns come from Slurm (state, GPUs, nodes, restarts) plus the elastic spec in the job's Comment and
+the daemon's decision in its AdminComment. Like squeue: ``-o/--format`` picks columns,
+``-h/--noheader`` drops the header, ``--json`` prints one object, ``-u``/``-j``/``-p`` filter.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+import click
+
+from slurm_elastic.backends.base import JobRecord, SlurmError
+from slurm_elastic.spec import SpecError, is_elastic_comment, parse_decision, parse_spec
+
+# squeue's compact state codes (%t).
+STATE_CODES = {
+    "PENDING": "PD", "RUNNING": "R", "SUSPENDED": "S", "COMPLETING": "CG", "COMPLETED": "CD",
+    "CANCELLED": "CA", "FAILED": "F", "TIMEOUT": "TO", "NODE_FAIL": "NF", "PREEMPTED": "PR",
+    "BOOT_FAIL": "BF", "DEADLINE": "DL", "OUT_OF_MEMORY": "OOM",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    header: str
+    width: int
+    right: bool = False
+
+
+COLUMNS = {
+    c.key: c
+    for c in [
+        Column("jobid", "JOBID", 8, True),
+        Column("partition", "PARTITION", 9),
+        Column("name", "NAME", 12),
+        Column("user", "USER", 8),
+        Column("st", "ST", 3),
+        Column("gpus", "GPUS", 4, True),
+        Column("range", "RANGE", 7),
+        Column("nodes", "NODES", 5, True),
+        Column("batch", "BATCH", 6, True),
+        Column("samples_per_s", "SAMPLES/S", 9, True),
+        Column("efficiency", "EFFICIENCY", 10, True),
+        Column("rescales", "RESCALES", 8, True),
+        Column("last_change", "LAST-CHANGE", 19),
+        Column("reason", "REASON", 30),
+    ]
+}
+DEFAULT_FORMAT = "jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,last_change,reason"
+
+
+def job_row(job: JobRecord) -> dict:
+    """One status row from a job's Slurm record (spec, decision and Slurm's own view)."""
+    row = {
+        "jobid": job.job_id,
+        "partition": job.partition,
+        "name": job.name,
+        "user": job.user,
+        "state": job.state,
+        "st": STATE_CODES.get(job.state, job.state[:2]),
+        "gpus": job.gpus_total,
+        "nodes": job.node_count,
+        "rescales": job.restart_count,
+        "held": job.held,
+        "range": "-",
+        "min_gpus": None,
+        "max_gpus": None,
+        "batch": None,
+        "samples_per_s": None,
+        "efficiency": None,
+        "last_change": None,
+        "elastic": is_elastic_comment(job.comment),
+        "spec_error": None,
+        "reason": job.state_reason if job.state_reason not in ("None", "") else "",
+    }
+    if row["elastic"]:
+        try:
+            spec = parse_spec(job.comment, job.job_id)
+            row.update(range=f"{spec.min_gpus}-{spec.max_gpus}", min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
+                       batch=spec.requested_batch)
+        except SpecError as e:
+            row["spec_error"] = str(e)
+            row["reason"] = f"bad spec: {e.reason} ({e.field})"
+        try:
+            decision = parse_decision(job.admin_comment, job.job_id)
+            if decision is not None:
+                row["batch"] = decision.batch
+        except SpecError as e:
+            row["reason"] = f"bad decision: {e.reason}"
+    if job.held and job.is_pending and not row["reason"].startswith("bad"):
+        row["reason"] = row["reason"] or "held"
+    return row
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 10 else f"{value:.0f}"
+    return str(value)
+
+
+def format_table(rows: list[dict], fmt: str = DEFAULT_FORMAT, header: bool = True) -> str:
+    cols = parse_format(fmt)
+    lines = []
+    if header:
+        lines.append(" ".join(_pad(c.header, c) for c in cols).rstrip())
+    for r in rows:
+        lines.append(" ".join(_pad(_cell(r.get(c.key)), c) for c in cols).rstrip())
+    return "\n".join(lines)
+
+
+def _pad(text: str, col: Column) -> str:
+    if col is list(COLUMNS.values())[-1] or col.key == "reason":
+        return text
+    text = text[: col.width] if len(text) > col.width and col.key not in ("jobid",) else text
+    return text.rjust(col.width) if col.right else text.ljust(col.width)
+
+
+def parse_format(fmt: str) -> list[Column]:
+    """Columns from 'jobid,st,gpus' (optionally 'name:20' for a width), as squeue -O does."""
+    cols = []
+    for item in fmt.split(","):
+        key, _, width = item.strip().lower().partition(":")
+        key = key.replace("-", "_").replace("/", "_per_")
+        if key not in COLUMNS:
+            raise click.BadParameter(f"unknown column {item!r}; known: {', '.join(COLUMNS)}", param_hint="--format")
+        col = COLUMNS[key]
+        if width:
+            if not width.isdigit() or not 0 < int(width) < 200:
+                raise click.BadParameter(f"bad width in {item!r}", param_hint="--format")
+            col = Column(col.key, col.header, int(width), col.right)
+        cols.append(col)
+    return cols
+
+
+def select(rows: list[dict], users: set[str], job_ids: set[int], partitions: set[str], all_jobs: bool) -> list[dict]:
+    out = []
+    for r in rows:
+        if not all_jobs and not r["elastic"]:
+            continue
+        if users and r["user"] not in users:
+            continue
+        if job_ids and r["jobid"] not in job_ids:
+            continue
+        if partitions and r["partition"] not in partitions:
+            continue
+        out.append(r)
+    return out
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+@click.command(context_settings={"help_option_names": ["--help"]})  # -h is --noheader, as in squeue
+@click.option("-o", "--format", "fmt", default=DEFAULT_FORMAT, show_default=False, envvar="SLURM_ELASTIC_FORMAT",
+              help=f"Comma-separated columns, optionally with widths (name:20). Known: {', '.join(COLUMNS)}.")
+@click.option("-h", "--noheader", is_flag=True, help="Do not print the header line.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with a 'jobs' list.")
+@click.option("-u", "--user", "users", help="Only these users (comma-separated).")
+@click.option("-j", "--jobs", "job_ids", help="Only these job ids (comma-separated).")
+@click.option("-p", "--partition", "partitions", help="Only these partitions (comma-separated).")
+@click.option("-a", "--all", "all_jobs", is_flag=True, help="Also list jobs that are not elastic.")
+def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs):
+    """Show elastic jobs, squeue-style: GPUs now and allowed, batch, restarts, reason.
+
+    Reads the Slurm cluster that SLURM_CONF points at (as squeue does).
+    """
+    from slurm_elastic.backends.cli import CliBackend
+
+    try:
+        ids = {int(j) for j in _csv(job_ids)}
+    except ValueError as e:
+        raise click.BadParameter(f"job ids must be integers: {job_ids!r}", param_hint="-j") from e
+    cols = parse_format(fmt)
+    try:
+        jobs = CliBackend().list_jobs()
+    except SlurmError as e:
+        raise click.ClickException(f"cannot read jobs from Slurm: {e}") from e
+    rows = select([job_row(j) for j in jobs], set(_csv(users)), ids, set(_csv(partitions)), all_jobs)
+    rows.sort(key=lambda r: r["jobid"])
+    if as_json:
+        json.dump({"meta": {"plugin": {"type": "slurm-elastic/status", "schema": 1}}, "jobs": rows}, sys.stdout,
+                  indent=2)
+        click.echo()
+        return
+    click.echo(format_table(rows, ",".join(c.key if c.width == COLUMNS[c.key].width else f"{c.key}:{c.width}"
+                                           for c in cols), header=not noheader))
