@@ -1,0 +1,207 @@
+"""Carry out the planner's actions through a :class:`SlurmBackend`, and the one cycle both drivers run.
+
+Order of backend calls (the contract the daemon and the simulator share):
+
+- **Start** a pending (held) job: ``update_job(gpus_per_node, num_nodes, start_now=True,
+  admin_comment=decision)``, then ``release``.
+- **Resize** a running job: ``signal(USR2)``; the job checkpoints and acknowledges; once
+  :meth:`CheckpointAck.checkpoint_acked` says so, ``requeue_hold``, ``update_job(...)`` as for a
+  start, ``release``. Until the ack comes the resize is *in flight* (:attr:`Enactor.in_flight`); a
+  resize not acknowledged within ``ack_timeout_s`` is dropped, the job left running as it is, and the
+  result says so.
+- **Preempt**: as a resize, but after ``requeue_hold`` the job stays held (decision unchanged).
+
+The enactor never blocks: :meth:`Enactor.apply` starts actions, :meth:`Enactor.poll` moves in-flight
+resizes on (call it every few seconds in the daemon; the simulator calls it after every event). The
+acknowledgement is an interface point: the simulated backend implements ``checkpoint_acked`` itself;
+the real daemon will plug in the in-job library's ack (a later issue).
+
+:func:`run_cycle` is the whole cycle ``list_jobs/list_nodes -> build_problem -> policy.allocate ->
+planner.plan -> Enactor.apply``; the simulator calls exactly this function.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from slurm_elastic import planner as pl
+from slurm_elastic.backends.base import JobNotRequeueable, SlurmBackend, SlurmError
+from slurm_elastic.policies.base import Allocation, Policy
+from slurm_elastic.problem import ModelFor, Snapshot, SpecCache, build_problem
+
+
+@runtime_checkable
+class CheckpointAck(Protocol):
+    def checkpoint_acked(self, job_id: int) -> bool:
+        """True once the job has written its checkpoint after the USR2 it was sent."""
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    action: pl.Action
+    status: str  # "done", "begun" (resize waiting for its ack), "timeout", "error"
+    message: str = ""
+    at: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    action: pl.Resize | pl.Preempt
+    signalled_at: float
+
+
+class Enactor:
+    """Turns actions into backend calls; keeps the resizes that wait for a checkpoint ack."""
+
+    def __init__(
+        self,
+        backend: SlurmBackend,
+        ack: CheckpointAck | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ack_timeout_s: float = 300.0,
+        signal: str = "USR2",
+    ):
+        self.backend = backend
+        if ack is None:
+            if not isinstance(backend, CheckpointAck):
+                raise TypeError("a backend without checkpoint_acked needs an explicit ack source")
+            ack = backend
+        self.ack = ack
+        self.clock = clock
+        self.ack_timeout_s = ack_timeout_s
+        self.signal_name = signal
+        self.in_flight: dict[int | str, _InFlight] = {}
+        self.log: list[ActionResult] = []
+
+    def in_flight_targets(self) -> dict[int | str, int]:
+        return {j: (f.action.gpus if isinstance(f.action, pl.Resize) else 0) for j, f in self.in_flight.items()}
+
+    def _result(self, action, status, message="") -> ActionResult:
+        r = ActionResult(action, status, message, self.clock())
+        self.log.append(r)
+        return r
+
+    def _place(self, a: pl.Start | pl.Resize) -> None:
+        self.backend.update_job(
+            a.job_id,
+            gpus_per_node=a.gpus_per_node,
+            num_nodes=a.nodes,
+            start_now=True,
+            admin_comment=a.decision.to_admin_comment(),
+        )
+        self.backend.release(a.job_id)
+
+    def apply(self, actions: Iterable[pl.Action]) -> list[ActionResult]:
+        out = []
+        for a in actions:
+            if isinstance(a, pl.Leave):
+                continue
+            if a.job_id in self.in_flight:
+                out.append(self._result(a, "error", "a resize of this job is already in flight"))
+                continue
+            try:
+                if isinstance(a, pl.Start):
+                    self._place(a)
+                    out.append(self._result(a, "done"))
+                else:
+                    self.backend.signal(a.job_id, self.signal_name)
+                    self.in_flight[a.job_id] = _InFlight(a, self.clock())
+                    out.append(self._result(a, "begun", f"sent {self.signal_name}, waiting for checkpoint"))
+            except SlurmError as e:
+                out.append(self._result(a, "error", str(e)))
+        out.extend(self.poll())
+        return out
+
+    def poll(self) -> list[ActionResult]:
+        """Finish every in-flight resize whose checkpoint is acknowledged; drop timed-out ones."""
+        out = []
+        now = self.clock()
+        for job_id in list(self.in_flight):
+            f = self.in_flight[job_id]
+            a = f.action
+            try:
+                acked = self.ack.checkpoint_acked(job_id)
+            except SlurmError as e:
+                del self.in_flight[job_id]
+                out.append(self._result(a, "error", str(e)))
+                continue
+            if not acked:
+                if now - f.signalled_at >= self.ack_timeout_s:
+                    del self.in_flight[job_id]
+                    out.append(self._result(a, "timeout", f"no checkpoint ack in {self.ack_timeout_s:.0f}s; left running as it is"))
+                continue
+            del self.in_flight[job_id]
+            try:
+                self.backend.requeue_hold(job_id)
+                if isinstance(a, pl.Resize):
+                    self._place(a)
+                out.append(self._result(a, "done"))
+            except JobNotRequeueable as e:
+                out.append(self._result(a, "error", f"not requeueable, left as it is: {e}"))
+            except SlurmError as e:
+                out.append(self._result(a, "error", str(e)))
+        return out
+
+
+@dataclass
+class CycleState:
+    """What a driver keeps between cycles: the planner's books and the spec cache."""
+
+    books: dict[int | str, pl.JobBook] = field(default_factory=dict)
+    spec_cache: SpecCache = field(default_factory=SpecCache)
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    snapshot: Snapshot
+    allocation: Allocation
+    plan: pl.Plan
+    results: tuple[ActionResult, ...]
+
+
+def run_cycle(
+    backend: SlurmBackend,
+    policy: Policy,
+    enactor: Enactor,
+    state: CycleState,
+    *,
+    model_for: ModelFor,
+    now: float,
+    planner_config: pl.PlannerConfig | None = None,
+    partitions: Iterable[str] | None = None,
+    node_size: int | None = None,
+    default_restart_s: float = 45.0,
+    horizon_s: float = 3600.0,
+) -> CycleResult:
+    """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``."""
+    enactor.poll()
+    snap = build_problem(
+        backend.list_jobs(),
+        backend.list_nodes(),
+        model_for=model_for,
+        now=now,
+        partitions=partitions,
+        node_size=node_size,
+        in_flight=enactor.in_flight_targets(),
+        default_restart_s=default_restart_s,
+        horizon_s=horizon_s,
+        allow_preemption=bool(planner_config and planner_config.allow_preemption),
+        spec_cache=state.spec_cache,
+    )
+    if snap.problem.jobs:
+        alloc = policy.allocate(snap.problem)
+    else:
+        alloc = Allocation(policy=getattr(policy, "name", ""))
+    the_plan = pl.plan(
+        alloc, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
+        config=planner_config or pl.PlannerConfig(),
+    )
+    results = enactor.apply(the_plan.actions)
+    # A start is done at once; a resize/preemption counts from when it began (its signal).
+    ok = [r.action for r in results if (r.action.kind == "start" and r.status == "done") or r.status == "begun"]
+    state.books = pl.update_books(state.books, ok, now)
+    return CycleResult(snap, alloc, the_plan, tuple(results))

@@ -1,0 +1,283 @@
+"""The planner: turn a policy's :class:`Allocation` into typed actions. Pure: no I/O, no clock.
+
+The daemon and the simulator both run ``problem.build_problem -> policy.allocate -> planner.plan ->
+enact.Enactor``; this module is the third step. Its input is the allocation, the elastic jobs as
+``problem.build_problem`` classified them (pending / starting / running / in flight), the per-job
+bookkeeping (:class:`JobBook`: last change, rescale count, decision sequence) and the time ``now``.
+
+Rules, applied to each job of the problem in priority order:
+
+1. **In flight** (a resize the enactor has started and not finished, or a job released with a decision
+   that Slurm has not started yet): leave alone. Its GPUs count as committed at its target size.
+2. **Running, same GPU count**: leave alone, even if the policy chose another batch. A batch-only change
+   would cost a full restart that the policy did not weigh (its restart cost is charged on GPU changes).
+3. **Running, policy gives 0 GPUs**: with ``allow_preemption`` a :class:`Preempt` (checkpoint, requeue,
+   stay held); otherwise leave it running ("preemption is off") and keep its GPUs committed.
+4. **Running, another GPU count**: a :class:`Resize`, unless the job changed less than ``cooldown_s``
+   ago, or ``max_in_flight`` resizes are already under way (counting the ones planned in this cycle),
+   or it is a grow whose throughput gain is below ``min_relative_gain`` (default 0: the policy already
+   weighs the restart cost against the gain, so the planner adds no second threshold unless asked).
+   Shrinks are planned before grows, because they return GPUs.
+5. **Pending, policy gives k > 0**: a :class:`Start` at k GPUs.
+
+Capacity gate: the planner never commits more GPUs than ``capacity``. Committed GPUs are those of
+running jobs at their current size, plus in-flight jobs at their target. Shrinks are committed first
+(freeing GPUs), then starts in priority order, then grows; an action that does not fit is left out
+with the reason "waiting for GPUs". A policy whose allocation fits the capacity never hits the gate;
+it matters when cooldowns or the in-flight limit defer a shrink that the policy counted on.
+
+Placement: ``nodes`` and GPUs per node follow :meth:`ElasticSpec.placement` (k <= node size on one
+node, larger k on whole nodes), unless the policy already gave a node count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from slurm_elastic.policies.base import Allocation, JobAllocation
+from slurm_elastic.spec import Decision
+
+# Statuses of an elastic job, as problem.build_problem classifies them.
+PENDING = "pending"  # held, waiting for the daemon to place it
+STARTING = "starting"  # released with a decision; Slurm has not started it yet
+RUNNING = "running"
+IN_FLIGHT = "in_flight"  # a resize or preemption the enactor is carrying out
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    cooldown_s: float = 300.0  # minimum time between two rescales of one job
+    max_in_flight: int = 8  # most resizes/preemptions under way at once
+    min_relative_gain: float = 0.0  # grows below (1 + this) x current throughput are skipped
+    allow_preemption: bool = False
+
+
+@dataclass(frozen=True)
+class JobBook:
+    """What the driver remembers about one job between cycles."""
+
+    last_change_s: float | None = None  # when it was last started or resized
+    rescales: int = 0
+    seq: int = 0  # last decision sequence number written for it
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One elastic job as the planner needs it (built by ``problem.build_problem``)."""
+
+    job_id: int | str
+    status: str  # PENDING, STARTING, RUNNING or IN_FLIGHT
+    gpus: int = 0  # current (running) or committed (starting / in flight target) GPUs
+    batch: int | None = None
+    samples_per_s: float = 0.0  # current throughput, when known (for min_relative_gain)
+    spec: object | None = None  # the ElasticSpec, for placement
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: int | str
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    decision: Decision
+    reason: str = ""
+    kind: str = "start"
+
+
+@dataclass(frozen=True)
+class Resize:
+    job_id: int | str
+    from_gpus: int
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    decision: Decision
+    reason: str = ""
+    kind: str = "resize"
+
+    @property
+    def is_shrink(self) -> bool:
+        return self.gpus < self.from_gpus
+
+
+@dataclass(frozen=True)
+class Preempt:
+    job_id: int | str
+    from_gpus: int
+    reason: str = ""
+    kind: str = "preempt"
+
+
+@dataclass(frozen=True)
+class Leave:
+    job_id: int | str
+    reason: str = ""
+    kind: str = "leave"
+
+
+Action = Start | Resize | Preempt | Leave
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    committed_gpus: int  # GPUs committed once every planned action is done
+    deferred: int = 0  # actions the policy wanted that the rules held back this cycle
+
+    def of_kind(self, kind: str) -> list[Action]:
+        return [a for a in self.actions if a.kind == kind]
+
+    @property
+    def changes(self) -> list[Action]:
+        return [a for a in self.actions if a.kind != "leave"]
+
+
+@dataclass
+class _Pending:
+    view: JobView
+    alloc: JobAllocation
+    order: int = field(default=0)
+
+
+def _decision(alloc: JobAllocation, view: JobView, node_size: int, seq: int) -> tuple[Decision, int, int]:
+    k = alloc.gpus
+    if alloc.nodes:
+        nodes = alloc.nodes
+    elif view.spec is not None:
+        nodes, _ = view.spec.placement(k, node_size)
+    else:
+        nodes = 1 if k <= node_size else -(-k // node_size)
+    if k % nodes:
+        raise ValueError(f"job {view.job_id}: {k} GPUs do not split over {nodes} nodes")
+    local = alloc.local_batch or (alloc.batch // (k * max(1, alloc.accum)) if alloc.batch else 0)
+    batch = alloc.batch or local * k * max(1, alloc.accum)
+    return Decision(gpus=k, nodes=nodes, batch=batch, local_batch=local, accum=max(1, alloc.accum), seq=seq), nodes, k // nodes
+
+
+def plan(
+    allocation: Allocation,
+    jobs: Iterable[JobView],
+    books: Mapping[int | str, JobBook],
+    now: float,
+    *,
+    capacity: int,
+    node_size: int,
+    config: PlannerConfig = PlannerConfig(),
+) -> Plan:
+    """The actions that carry ``allocation`` out, under the rules in the module docstring.
+
+    ``jobs`` are in priority order; a job missing from the allocation is left alone.
+    """
+    views = list(jobs)
+    actions: dict[int | str, Action] = {}
+    committed = 0
+    in_flight = 0
+    shrinks: list[_Pending] = []
+    grows: list[_Pending] = []
+    starts: list[_Pending] = []
+    deferred = 0
+    for i, v in enumerate(views):
+        a = allocation.jobs.get(v.job_id)
+        if v.status in (IN_FLIGHT, STARTING):
+            committed += v.gpus
+            if v.status == IN_FLIGHT:
+                in_flight += 1
+            actions[v.job_id] = Leave(v.job_id, "in flight" if v.status == IN_FLIGHT else "starting")
+            continue
+        if v.status == RUNNING:
+            committed += v.gpus
+        if a is None:
+            actions[v.job_id] = Leave(v.job_id, "not in the allocation")
+            continue
+        if v.status == PENDING:
+            if a.gpus > 0:
+                starts.append(_Pending(v, a, i))
+            else:
+                actions[v.job_id] = Leave(v.job_id, a.reason or "policy: not now")
+            continue
+        # running
+        if a.gpus == v.gpus:
+            actions[v.job_id] = Leave(v.job_id, "same GPU count" if a.batch == v.batch or not a.batch
+                                      else "same GPU count (batch-only change not worth a restart)")
+            continue
+        book = books.get(v.job_id, JobBook())
+        if book.last_change_s is not None and now - book.last_change_s < config.cooldown_s:
+            actions[v.job_id] = Leave(v.job_id, f"cooldown ({now - book.last_change_s:.0f}s < {config.cooldown_s:.0f}s)")
+            deferred += 1
+            continue
+        if a.gpus == 0:
+            if not config.allow_preemption:
+                actions[v.job_id] = Leave(v.job_id, "policy gave 0 GPUs but preemption is off")
+                continue
+            shrinks.append(_Pending(v, a, i))
+            continue
+        if a.gpus > v.gpus and config.min_relative_gain > 0 and v.samples_per_s > 0 and a.samples_per_s > 0:
+            if a.samples_per_s < (1.0 + config.min_relative_gain) * v.samples_per_s:
+                actions[v.job_id] = Leave(v.job_id, "gain below min_relative_gain")
+                continue
+        (shrinks if a.gpus < v.gpus else grows).append(_Pending(v, a, i))
+
+    def take_slot(p: _Pending) -> bool:
+        nonlocal in_flight, deferred
+        if in_flight >= config.max_in_flight:
+            actions[p.view.job_id] = Leave(p.view.job_id, f"max_in_flight ({config.max_in_flight}) reached")
+            deferred += 1
+            return False
+        in_flight += 1
+        return True
+
+    for p in shrinks:
+        if not take_slot(p):
+            continue
+        v, a = p.view, p.alloc
+        committed -= v.gpus - a.gpus
+        if a.gpus == 0:
+            actions[v.job_id] = Preempt(v.job_id, v.gpus, a.reason or "policy: preempt")
+        else:
+            seq = books.get(v.job_id, JobBook()).seq + 1
+            d, nodes, gpn = _decision(a, v, node_size, seq)
+            actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink")
+    for p in starts:
+        v, a = p.view, p.alloc
+        if committed + a.gpus > capacity:
+            actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
+            deferred += 1
+            continue
+        committed += a.gpus
+        seq = books.get(v.job_id, JobBook()).seq + 1
+        d, nodes, gpn = _decision(a, v, node_size, seq)
+        actions[v.job_id] = Start(v.job_id, a.gpus, nodes, gpn, d, a.reason or "policy: start")
+    for p in grows:
+        v, a = p.view, p.alloc
+        if committed + a.gpus - v.gpus > capacity:
+            actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
+            deferred += 1
+            continue
+        if not take_slot(p):
+            continue
+        committed += a.gpus - v.gpus
+        seq = books.get(v.job_id, JobBook()).seq + 1
+        d, nodes, gpn = _decision(a, v, node_size, seq)
+        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow")
+    ordered = tuple(actions[v.job_id] for v in views if v.job_id in actions)
+    # Execution order: shrinks and preemptions first (they return GPUs), then starts, then grows.
+    rank = {"preempt": 0, "resize": 1, "start": 2, "leave": 4}
+    ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (2 if x.kind == "resize" and not x.is_shrink else 0)))
+    return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
+
+
+def update_books(
+    books: Mapping[int | str, JobBook], done: Iterable[Action], now: float
+) -> dict[int | str, JobBook]:
+    """New bookkeeping after ``done`` actions were carried out (or begun) at ``now``. Pure."""
+    out = dict(books)
+    for a in done:
+        b = out.get(a.job_id, JobBook())
+        if isinstance(a, Start):
+            out[a.job_id] = replace(b, last_change_s=now, seq=a.decision.seq)
+        elif isinstance(a, Resize):
+            out[a.job_id] = replace(b, last_change_s=now, seq=a.decision.seq, rescales=b.rescales + 1)
+        elif isinstance(a, Preempt):
+            out[a.job_id] = replace(b, last_change_s=now, rescales=b.rescales + 1)
+    return out

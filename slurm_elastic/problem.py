@@ -1,0 +1,229 @@
+"""Build the policy's :class:`AllocationProblem` from what a backend lists. Pure: no I/O.
+
+``build_problem(jobs, nodes, ...)`` takes the ``JobRecord``/``NodeRecord`` lists of one backend read
+and returns a :class:`Snapshot`: the problem for ``policy.allocate``, the planner's view of every
+elastic job, and the jobs whose spec did not parse (reported, never acted on).
+
+Rules:
+
+- **Managed nodes** are usable nodes (``NodeRecord.usable``) in the managed partitions (all
+  partitions when ``partitions`` is None). The node size is the most common GPU count among them
+  (ties: the larger), unless given.
+- **Elastic jobs** are active jobs in a managed partition whose ``Comment`` is an ``elastic:`` spec.
+  A spec that fails :func:`parse_spec` (or cannot be placed on this node size) puts the job in
+  ``errors``; for capacity it then counts as non-elastic.
+- **Capacity** (GPUs available to elastic jobs) = GPUs of the managed nodes minus the GPUs held by
+  running non-elastic jobs on them. Elastic jobs' own GPUs are part of the capacity, since the policy
+  reallocates them.
+- **Status** of an elastic job: ``in_flight`` if the driver says a resize of it is under way;
+  ``running`` if Slurm runs it (current size = its GPUs, batch = its decision's, else the requested
+  one); ``starting`` if it is pending, not held and carries a decision (released, Slurm has not
+  started it yet: its decision's GPUs are committed); otherwise ``pending``.
+- **Priority order** handed to the policy: Slurm priority when set and non-zero (higher first), then
+  submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
+- Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
+  spec's own estimate, else ``default_restart_s``; ``wait_s`` is the time since submission while it
+  is pending. Starting and in-flight jobs are handed to the policy as running at their committed size,
+  so that the policy keeps their GPUs for them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from slurm_elastic.backends.base import JobRecord, NodeRecord
+from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
+from slurm_elastic.policies.base import AllocationProblem, JobRequest
+from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.spec import (
+    Decision,
+    ElasticSpec,
+    SpecError,
+    is_elastic_comment,
+    parse_decision,
+    parse_spec,
+    validate_spec,
+)
+
+ModelFor = Callable[[JobRecord, ElasticSpec], ThroughputModel]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    problem: AllocationProblem
+    views: tuple[JobView, ...]  # elastic jobs in priority order (same order as problem.jobs)
+    records: Mapping[int, JobRecord]
+    specs: Mapping[int, ElasticSpec]
+    errors: Mapping[int, SpecError]
+    capacity: int
+    managed_gpus: int
+    non_elastic_gpus: int
+    node_size: int
+    decisions: Mapping[int, Decision] = field(default_factory=dict)
+
+
+class SpecCache:
+    """Parsed specs by comment text, so a polling loop parses each distinct comment once."""
+
+    def __init__(self, max_size: int = 100_000):
+        self._d: dict[tuple[str, int], ElasticSpec | SpecError] = {}
+        self.max_size = max_size
+
+    def get(self, comment: str, job_id, node_size: int) -> ElasticSpec:
+        key = (comment, node_size)
+        hit = self._d.get(key)
+        if hit is None:
+            try:
+                spec = parse_spec(comment, job_id)
+                validate_spec(spec, job_id, node_size=node_size)
+                hit = spec
+            except SpecError as e:
+                hit = e
+            if len(self._d) >= self.max_size:
+                self._d.clear()
+            self._d[key] = hit
+        if isinstance(hit, SpecError):
+            raise SpecError(hit.reason, job_id=job_id, field=hit.field)
+        return hit
+
+
+def node_size_of(nodes: Iterable[NodeRecord]) -> int:
+    counts = Counter(n.gpus_total for n in nodes if n.gpus_total > 0)
+    if not counts:
+        return 0
+    return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+
+
+def _priority_key(r: JobRecord):
+    prio = r.priority if (r.priority and not r.held) else 0
+    return (-prio, r.submit_time if r.submit_time is not None else 0, r.job_id)
+
+
+def build_problem(
+    jobs: Iterable[JobRecord],
+    nodes: Iterable[NodeRecord],
+    *,
+    model_for: ModelFor,
+    now: float,
+    partitions: Iterable[str] | None = None,
+    node_size: int | None = None,
+    in_flight: Mapping[int, int] | None = None,
+    default_restart_s: float = 45.0,
+    horizon_s: float = 3600.0,
+    allow_preemption: bool = False,
+    spec_cache: SpecCache | None = None,
+) -> Snapshot:
+    """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way."""
+    parts = None if partitions is None else frozenset(partitions)
+    in_flight = in_flight or {}
+    cache = spec_cache or SpecCache()
+
+    def managed_partition(p: str) -> bool:
+        return parts is None or bool(set(p.split(",")) & parts)
+
+    managed = [n for n in nodes if n.usable and (parts is None or set(n.partitions) & parts)]
+    managed_names = {n.name for n in managed}
+    size = node_size or node_size_of(managed)
+    managed_gpus = sum(n.gpus_total for n in managed)
+
+    non_elastic_gpus = 0
+    non_elastic_per_node: Counter[str] = Counter()
+    elastic: list[JobRecord] = []
+    specs: dict[int, ElasticSpec] = {}
+    errors: dict[int, SpecError] = {}
+    for r in jobs:
+        if not r.is_active:
+            continue
+        is_el = managed_partition(r.partition) and is_elastic_comment(r.comment)
+        if is_el:
+            try:
+                specs[r.job_id] = cache.get(r.comment, r.job_id, size)
+                elastic.append(r)
+                continue
+            except SpecError as e:
+                errors[r.job_id] = e
+        if r.is_running and r.gpus_total > 0:
+            on = [n for n in r.nodes if n in managed_names]
+            if r.nodes and not on:
+                continue  # runs outside the managed nodes
+            if r.nodes:
+                per = r.gpus_per_node or (r.gpus_total // max(1, len(r.nodes)))
+                held = per * len(on)
+                for n in on:
+                    non_elastic_per_node[n] += per
+            else:
+                held = r.gpus_total
+            non_elastic_gpus += held
+    non_elastic_gpus = min(non_elastic_gpus, managed_gpus)
+    capacity = managed_gpus - non_elastic_gpus
+
+    elastic.sort(key=_priority_key)
+    reqs: list[JobRequest] = []
+    views: list[JobView] = []
+    decisions: dict[int, Decision] = {}
+    for r in elastic:
+        spec = specs[r.job_id]
+        try:
+            d = parse_decision(r.admin_comment, r.job_id)
+        except SpecError as e:
+            errors[r.job_id] = e
+            specs.pop(r.job_id)
+            if r.is_running:
+                capacity -= r.gpus_total
+            continue
+        if d is not None:
+            decisions[r.job_id] = d
+        model = model_for(r, spec)
+        if r.job_id in in_flight:
+            status, gpus = IN_FLIGHT, in_flight[r.job_id]
+            batch = d.batch if d else spec.requested_batch
+        elif r.is_running:
+            status, gpus = RUNNING, r.gpus_total
+            batch = d.batch if (d and d.gpus == r.gpus_total) else spec.requested_batch
+        elif r.is_pending and not r.held and d is not None:
+            status, gpus, batch = STARTING, d.gpus, d.batch
+        else:
+            status, gpus, batch = PENDING, 0, None
+        sps = 0.0
+        if status == RUNNING and gpus > 0:
+            split = spec.split_batch(gpus, batch) if batch else None
+            if split is not None:
+                n, _ = spec.placement(gpus, size) if size else (1, gpus)
+                sps = model.samples_per_s(gpus, n, split[0], split[1])
+        wait = max(0.0, now - r.submit_time) if (status == PENDING and r.submit_time is not None) else 0.0
+        reqs.append(
+            JobRequest(
+                job_id=r.job_id,
+                spec=spec,
+                model=model,
+                running_gpus=gpus,
+                running_batch=batch if gpus else None,
+                restart_s=spec.restart_s if spec.restart_s is not None else default_restart_s,
+                wait_s=wait,
+            )
+        )
+        views.append(JobView(r.job_id, status, gpus, batch, sps, spec))
+
+    free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None
+    problem = AllocationProblem(
+        total_gpus=max(0, capacity),
+        node_size=size,
+        jobs=tuple(reqs),
+        horizon_s=horizon_s,
+        allow_preemption=allow_preemption,
+        free_gpus_per_node=free_per_node,
+    )
+    return Snapshot(
+        problem=problem,
+        views=tuple(views),
+        records={r.job_id: r for r in elastic},
+        specs=specs,
+        errors=errors,
+        capacity=max(0, capacity),
+        managed_gpus=managed_gpus,
+        non_elastic_gpus=non_elastic_gpus,
+        node_size=size,
+        decisions=decisions,
+    )

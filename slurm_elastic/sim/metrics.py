@@ -1,0 +1,54 @@
+"""Metrics of one simulation run (pure functions of a :class:`SimResult`).
+
+- ``jobs_total``: jobs in the workload; ``jobs_completed``: those finished by the end of the run
+  (the horizon, when one is set).
+- ``avg_jct_s``, ``median_jct_s``, ``p95_jct_s``: job completion time (finish - arrival) over the
+  completed jobs (``null`` when none completed). Percentiles by linear interpolation (numpy's default).
+- ``avg_queue_s``: first start - arrival over the jobs that started; jobs never started by the end
+  count with (end - arrival), so an overloaded run is not flattered by leaving jobs out.
+- ``gpu_utilization`` (0-1): GPU-seconds allocated to jobs / (cluster GPUs x span), span = first
+  arrival to the end of the run (last completion, or the horizon).
+- ``rescales``: resizes carried out (requeues); ``rescales_per_job`` over elastic jobs;
+  ``gpu_s_lost_to_rescales``: GPU-seconds held while checkpointing or restarting after a resize.
+- ``makespan_s``: first arrival to last completion (to the end of the run if jobs remain).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slurm_elastic.sim.engine import SimResult
+
+
+def summarize(res: SimResult) -> dict:
+    jobs = res.jobs
+    n = len(jobs)
+    done = [j for j in jobs if j.end_s is not None]
+    jct = np.array([j.jct_s for j in done], dtype=np.float64)
+    first = min((j.arrival_s for j in jobs), default=0.0)
+    end = res.end_s
+    queue = [((j.start_s if j.start_s is not None else end) - j.arrival_s) for j in jobs if j.arrival_s <= end]
+    span = max(0.0, end - first)
+    total_gpus = res.config.total_gpus
+    elastic = [j for j in jobs if j.elastic]
+    rescales = sum(j.rescales for j in jobs)
+    return {
+        "policy": res.policy,
+        "jobs_total": n,
+        "jobs_completed": len(done),
+        "avg_jct_s": float(jct.mean()) if len(jct) else None,
+        "median_jct_s": float(np.median(jct)) if len(jct) else None,
+        "p95_jct_s": float(np.percentile(jct, 95)) if len(jct) else None,
+        "avg_queue_s": float(np.mean(queue)) if queue else None,
+        "gpu_utilization": float(res.busy_gpu_s / (total_gpus * span)) if span > 0 and total_gpus else 0.0,
+        "rescales": rescales,
+        "rescales_per_job": rescales / len(elastic) if elastic else 0.0,
+        "gpu_s_lost_to_rescales": float(sum(j.lost_gpu_s for j in jobs)),
+        "makespan_s": float(span),
+        "cluster_gpus": total_gpus,
+        "peak_gpus_in_use": res.peak_gpus_in_use,
+        "cycles": res.cycles,
+        "policy_solve_s": res.solve_s,
+        "sim_wall_s": res.wall_s,
+        "stopped": res.stopped,
+    }
