@@ -228,7 +228,10 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
         key, value = key.strip(), value.strip()
         if not sep:
             raise SpecError(f"expected key=value, got {item!r}", job_id=job_id, field=key or "comment")
+        if not key:
+            raise SpecError(f"empty key in {item[:40]!r}", job_id=job_id, field="comment")
         if key not in _KNOWN:
+            key = key[:40]
             raise SpecError(f"unknown key (known: {', '.join(sorted(_KNOWN))})", job_id=job_id, field=key)
         if key in values:
             raise SpecError("given twice", job_id=job_id, field=key)

@@ -1,0 +1,175 @@
+"""Against a real local Slurm (no mocks): the cluster itself, and the backend's reads and actions."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurm_elastic.backends.base import JobNotRequeueable, SlurmError
+from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+from slurm_elastic.spec import Decision, parse_decision
+
+pytestmark = pytest.mark.slurm
+
+SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=64,max_batch=1024,max_local_batch=128"
+
+REPORT = """#!/bin/bash
+echo "start restart=${SLURM_RESTART_COUNT:-0} nodes=$SLURM_JOB_NODELIST gpus=$SLURM_JOB_GPUS"
+srun --ntasks=$SLURM_JOB_NUM_NODES --ntasks-per-node=1 bash -c 'echo "node=$SLURMD_NODENAME cvd=$CUDA_VISIBLE_DEVICES"'
+sleep 300
+"""
+
+
+def write_script(job_dir, text=REPORT, name="job.sh"):
+    path = job_dir / name
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def scancel(cluster, *ids):
+    subprocess.run(["/usr/bin/scancel", *map(str, ids)], env=cluster.env, capture_output=True, timeout=30, check=False)
+
+
+def test_sinfo_lists_sixteen_idle_gpus(slurm_cluster):
+    out = subprocess.run(["/usr/bin/sinfo", "-h", "-N", "-o", "%N %t %G"], env=slurm_cluster.env,
+                         capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")
+    rows = [line.split() for line in out if line.strip()]
+    assert [r[0] for r in rows] == ["node1", "node2", "node3", "node4"]
+    assert all(r[2] == "gpu:4" for r in rows)
+    nodes = slurm_cluster.backend.list_nodes()
+    assert sum(n.gpus_total for n in nodes) == 16
+    assert all(n.state == "IDLE" for n in nodes) or any(j.is_active for j in slurm_cluster.backend.list_jobs())
+
+
+def test_second_up_is_a_no_op(slurm_cluster):
+    before = slurm_cluster.pids()
+    again = LocalCluster(slurm_cluster.state_dir)
+    assert again.up() is False
+    assert again.pids() == before
+    assert again.config == slurm_cluster.config
+
+
+def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(slurm_cluster, job_dir):
+    c, b = slurm_cluster, slurm_cluster.backend
+    log = job_dir / "out.txt"
+    jid = c.sbatch(["--requeue", "--open-mode=append", "-o", str(log), "--gres=gpu:2", f"--comment={SPEC}",
+                    str(write_script(job_dir))], cwd=job_dir)
+    try:
+        job = c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=30)
+        assert (job.gpus_per_node, job.gpus_total, job.node_count, job.restart_count) == (2, 2, 1, 0)
+        assert job.comment == SPEC and job.requeueable
+        b.requeue_hold(jid)
+        held = b.get_job(jid)
+        assert held.is_pending and held.held and held.restart_count == 1
+        decision = Decision(gpus=8, nodes=2, batch=512, local_batch=64, seq=1)
+        b.update_job(jid, gpus_per_node=4, num_nodes=2, num_tasks=8, start_now=True,
+                     admin_comment=decision.to_admin_comment())
+        t0 = time.monotonic()
+        b.release(jid)
+        job = c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=15)
+        restart_s = time.monotonic() - t0
+        print(f"restarted {restart_s:.1f} s after release")
+        assert (job.gpus_per_node, job.gpus_total, job.node_count, job.restart_count) == (4, 8, 2, 1)
+        assert len(job.nodes) == 2 and not job.held
+        assert parse_decision(job.admin_comment, jid) == decision
+        # The job itself saw the restart, the new nodes, and 4 GPUs on each of them.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and log.read_text().count("cvd=") < 3:
+            time.sleep(0.3)
+        text = log.read_text()
+        assert "start restart=1" in text
+        second_start = text.split("start restart=1", 1)[1]
+        cvds = [line.split("cvd=")[1] for line in second_start.splitlines() if "cvd=" in line]
+        assert sorted(cvds) == ["0,1,2,3", "0,1,2,3"], text
+    finally:
+        scancel(c, jid)
+
+
+def test_held_job_and_admin_comment_round_trip(slurm_cluster, job_dir):
+    c, b = slurm_cluster, slurm_cluster.backend
+    jid = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC}", "-o", "/dev/null", str(write_script(job_dir))])
+    try:
+        job = b.get_job(jid)
+        assert job.is_pending and job.held and job.comment == SPEC and job.admin_comment == ""
+        b.update_job(jid, admin_comment="elastic-decision:gpus=2,nodes=1,batch=128,local_batch=64,accum=1,seq=4")
+        assert parse_decision(b.get_job(jid).admin_comment).seq == 4
+        b.update_job(jid, gpus_per_node=3, num_nodes=1, num_tasks=3, start_now=True)
+        b.release(jid)
+        job = c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=15)
+        assert job.gpus_per_node == 3 and job.node_count == 1 and not job.held
+        b.hold(jid)  # holding a running job does not stop it (Slurm semantics) ...
+        assert b.get_job(jid).is_running
+    finally:
+        scancel(c, jid)
+
+
+def test_non_requeueable_job_is_refused_and_keeps_running(slurm_cluster, job_dir):
+    c, b = slurm_cluster, slurm_cluster.backend
+    jid = c.sbatch(["--no-requeue", "--gres=gpu:1", "-o", "/dev/null", str(write_script(job_dir))])
+    try:
+        c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=30)
+        assert b.get_job(jid).requeueable is False
+        with pytest.raises(JobNotRequeueable):
+            b.requeue_hold(jid)
+        assert b.get_job(jid).is_running
+    finally:
+        scancel(c, jid)
+
+
+def test_failing_scontrol_gives_a_typed_error_with_stderr(slurm_cluster):
+    with pytest.raises(SlurmError) as e:
+        slurm_cluster.backend.release(999999)
+    assert e.value.returncode != 0 and e.value.stderr and "999999" in " ".join(e.value.argv)
+    with pytest.raises(SlurmError) as e:
+        slurm_cluster.backend.update_job(999999, gpus_per_node=2)
+    assert "Invalid job id" in e.value.stderr or "invalid" in e.value.stderr.lower()
+
+
+def test_status_command_shows_elastic_jobs(slurm_cluster, job_dir):
+    c = slurm_cluster
+    jid = c.sbatch(["--hold", "--gres=gpu:2", f"--comment={SPEC},batch=256", "-o", "/dev/null",
+                    str(write_script(job_dir))])
+    bad = c.sbatch(["--hold", "--gres=gpu:1", "--comment=elastic:min_gpus=4,max_gpus=2,min_batch=64,max_batch=128,max_local_batch=64", "-o", "/dev/null",
+                    str(write_script(job_dir))])
+    plain = c.sbatch(["--hold", "--gres=gpu:1", "-o", "/dev/null", str(write_script(job_dir))])
+    try:
+        run = [sys.executable, "-m", "slurm_elastic.cli", "status"]
+        out = subprocess.run([*run, "-h", "-o", "jobid,st,gpus,range,batch,reason:60"], env=c.env,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        rows = {int(line.split()[0]): line.split(None, 5) for line in out.splitlines()}
+        assert rows[jid][1:5] == ["PD", "2", "1-8", "256"]
+        assert rows[bad][-1] == "bad spec: min_gpus 4 > max_gpus 2 (min_gpus)"
+        assert plain not in rows
+        import json
+
+        doc = json.loads(subprocess.run([*run, "--json", "-j", f"{jid},{plain}", "--all"], env=c.env,
+                                        capture_output=True, text=True, timeout=60, check=True).stdout)
+        assert sorted(r["jobid"] for r in doc["jobs"]) == sorted([jid, plain])
+    finally:
+        scancel(c, jid, bad, plain)
+
+
+def test_down_stops_only_its_own_processes(slurm_cluster, tmp_path):
+    """A second small cluster: its down() leaves the session cluster and an unrelated process alive."""
+    bystander = subprocess.Popen(["sleep", "60"])
+    second = LocalCluster(tmp_path / "c2", ClusterConfig(nodes=2, gpus_per_node=2,
+                                                         ctld_port=find_free_port_block(4, start=26000)))
+    try:
+        assert second.up() is True
+        pids = second.pids()
+        assert len(pids["slurmd"]) == 2
+        stopped = second.down()
+        assert set(stopped) == {"munged", "slurmctld", "slurmd:node1", "slurmd:node2"}
+        for pid in [pids["munged"], pids["slurmctld"], *pids["slurmd"].values()]:
+            assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        assert bystander.poll() is None
+        assert slurm_cluster.is_up() and slurm_cluster.backend.list_nodes()
+        assert (tmp_path / "c2" / "etc" / "slurm.conf").exists()  # down removes nothing
+        assert second.down() == []  # a second down has nothing to stop
+    finally:
+        second.down()
+        bystander.kill()
+        bystander.wait()
