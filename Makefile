@@ -1,0 +1,29 @@
+# The two commands a newcomer types (see README.md): `make demo` and `make test`.
+VENV := .venv
+SE := $(VENV)/bin/slurm-elastic
+STATE_DIR ?= $(CURDIR)/.cluster
+export SLURM_ELASTIC_CLUSTER_DIR := $(STATE_DIR)
+
+.PHONY: setup demo test test-unit down lint capture-fixtures
+
+setup:
+	bash scripts/setup.sh
+
+# Bring up a local 4-node x 4-GPU Slurm and show it (later: the full elastic demo).
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+test-unit: setup
+	$(VENV)/bin/python -m pytest -q tests/unit
+
+down:
+	$(SE) cluster down
+
+lint:
+	$(VENV)/bin/ruff check slurm_elastic tests scripts
+
+capture-fixtures: setup
+	$(VENV)/bin/python scripts/capture_fixtures.py

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install what slurm-elastic needs on a fresh Debian 12/13 machine (as root): Slurm and munge from
+# apt when missing, then the package with its dev and train extras in ./.venv. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+for tool in /usr/sbin/slurmctld:slurm-wlm /usr/sbin/slurmd:slurm-wlm /usr/bin/sbatch:slurm-client \
+            /usr/sbin/munged:munge /usr/sbin/debootstrap:debootstrap; do
+  [ -x "${tool%%:*}" ] || need_apt+=("${tool##*:}")
+done
+# Slurm's job_submit/lua plugin is in slurm-wlm-basic-plugins; the lua runtime comes with it.
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: missing ${need_apt[*]}; run as root so apt-get can install them" >&2
+    exit 1
+  fi
+  echo "setup: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.slurm-elastic-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  # torch==2.13.0 (the `train` extra) is the CPU build on local disk; any other pin downloads GBs.
+  .venv/bin/python -m pip install -q -e '.[dev,train]'
+  touch "$stamp"
+fi
+echo "setup: ok ($(.venv/bin/python --version), $(/usr/sbin/slurmctld -V))"
