@@ -23,19 +23,22 @@ class LinearModel(ThroughputModel):
 
 
 class EqualShare(Policy):
-    """Split the capacity evenly over all elastic jobs (largest allowed count <= share), FIFO remainder."""
+    """Split the capacity evenly over the jobs (largest allowed count <= share, at least 1), in order, while GPUs last."""
 
     name = "toy-equal-share"
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         n = len(problem.jobs)
-        share = problem.total_gpus // n if n else 0
+        share = max(1, problem.total_gpus // n) if n else 0
+        free = problem.total_gpus
         out = {}
         for j in problem.jobs:
-            counts = [k for k in j.spec.allowed_gpu_counts(problem.node_size) if k <= share]
+            b = j.spec.requested_batch
+            counts = [k for k in j.spec.allowed_gpu_counts(problem.node_size)
+                      if k <= min(share, free) and j.spec.split_batch(k, b) is not None]
             k = max(counts) if counts else 0
+            free -= k
             if k:
-                b = j.spec.requested_batch
                 local, accum = j.spec.split_batch(k, b)
                 out[j.job_id] = JobAllocation(j.job_id, k, batch=b, local_batch=local, accum=accum,
                                               samples_per_s=j.model.samples_per_s(k, 1, local, accum))
