@@ -1,0 +1,509 @@
+"""``ElasticJob``: the in-job side of slurm-elastic for a PyTorch DDP training script.
+
+A script that uses it can be stopped at any step, requeued with another GPU count and global batch,
+and resumes exactly where it stopped::
+
+    from slurm_elastic.train import install_stop_handler
+    install_stop_handler()                       # first, before the slow torch import
+    import torch
+    from slurm_elastic.train import ElasticJob
+
+    job = ElasticJob(ckpt_dir, seed=0, lr_scaling="linear")
+    job.setup()                                  # process group, this start's batch assignment
+    torch.manual_seed(0); model = Net()
+    ddp = job.wrap(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.register(model=model, optimizer=opt)
+    job.restore()                                # no-op on the first start
+    for step in job.steps(dataset_size=len(X), epochs=5):
+        for mb in step.micro_batches():          # no_sync on all but the last
+            out = ddp(X[mb.indices])
+            loss = F.cross_entropy(out, Y[mb.indices], reduction="sum") * mb.scale
+            loss.backward()
+        step.optimizer_step()                    # lr scaling, optimizer (+AMP scaler), zero_grad
+    job.finish()
+
+What happens at a stop request (USR2 or the stop-request file, see :mod:`.protocol`): at the next step
+boundary every rank learns it through an all-reduce (MAX) of the flag, so all ranks stop after the
+same step; rank 0 writes the checkpoint, then the acknowledgement ``stop-ack.<job>.<restart>.json``;
+after a barrier every rank exits with :data:`~.protocol.EXIT_CHECKPOINTED` (75).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import protocol
+from .assignment import Assignment, resolve_assignment
+from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
+from .dist import DistContext, init_distributed
+from .lr import LRScaler
+from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
+from .signals import install_stop_handler
+from .slurm_env import JobRecordText, SlurmEnv, read_job_record
+
+CHECKPOINT_FORMAT = 1
+_ASSIGN_KEY = "slurm_elastic/assignment"
+_CKPT_KEY = "slurm_elastic/checkpoint"
+
+
+class Step:
+    """One global optimizer step of this rank: iterate :meth:`micro_batches`, then :meth:`optimizer_step`."""
+
+    def __init__(self, job: ElasticJob, plan: StepPlan):
+        self._job = job
+        self.plan = plan
+        self.done = False
+
+    @property
+    def epoch(self) -> int:
+        return self.plan.epoch
+
+    @property
+    def offset(self) -> int:
+        return self.plan.offset
+
+    @property
+    def count(self) -> int:
+        """Samples in this global step (over all ranks)."""
+        return self.plan.count
+
+    @property
+    def indices(self) -> torch.Tensor:
+        """This rank's sample indices of the step (without any weight-0 placeholder)."""
+        return self.plan.rank_indices
+
+    def micro_batches(self) -> Iterator[MicroBatch]:
+        """Yield the micro-batches; gradient sync (DDP) is suppressed on all but the last."""
+        mbs = self.plan.micro_batches
+        ddp = self._job.ddp
+        for i, mb in enumerate(mbs):
+            last = i == len(mbs) - 1
+            ctx = ddp.no_sync() if (ddp is not None and not last) else contextlib.nullcontext()
+            with ctx:
+                yield mb
+
+    def optimizer_step(self, *, zero_grad: bool = True) -> None:
+        self._job._optimizer_step()
+        if zero_grad:
+            self._job.optimizer.zero_grad(set_to_none=True)
+        self.done = True
+
+
+class ElasticJob:
+    def __init__(
+        self,
+        ckpt_dir: str | os.PathLike | None = None,
+        *,
+        seed: int = 0,
+        default_batch: int | None = None,
+        max_local_batch: int | None = None,
+        lr_scaling: str = "none",
+        base_batch: int | None = None,
+        warmup_samples: int | None = None,
+        lr_schedule: Callable[[int], float] | None = None,
+        checkpoint_every_steps: int | None = None,
+        checkpoint_every_s: float | None = None,
+        throughput_warmup_steps: int = 3,
+        timeout_s: float = 300.0,
+        stop_signals: tuple[str, ...] = ("USR2",),
+        env: Mapping[str, str] | None = None,
+        job_record: JobRecordText | None = None,
+        checkpoint_progress: Callable[[int], None] | None = None,
+        verbose: bool = True,
+    ):
+        self.env = dict(os.environ if env is None else env)
+        ckpt_dir = ckpt_dir or self.env.get("ELASTIC_CKPT_DIR")
+        if not ckpt_dir:
+            raise ValueError("give a checkpoint directory (argument or ELASTIC_CKPT_DIR)")
+        self.ckpt_dir = Path(ckpt_dir)
+        self.seed = int(seed)
+        self.default_batch = default_batch
+        self.max_local_batch = max_local_batch
+        self.lr_scaling = lr_scaling
+        self.base_batch = base_batch
+        self.warmup_samples = warmup_samples
+        self.lr_schedule = lr_schedule
+        self.checkpoint_every_steps = checkpoint_every_steps
+        self.checkpoint_every_s = checkpoint_every_s
+        self.throughput_warmup_steps = max(0, int(throughput_warmup_steps))
+        self.timeout_s = float(timeout_s)
+        self.job_record = job_record
+        self.checkpoint_progress = checkpoint_progress
+        self.verbose = verbose
+        from . import IMPORTED_AT
+
+        self._started_at = IMPORTED_AT
+        self.flag = install_stop_handler(stop_signals)
+        self.senv = SlurmEnv.from_environ(self.env)
+        if self.senv.job_id is not None:
+            self.flag.watch_file(protocol.stop_request_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count))
+        self.ctx: DistContext | None = None
+        self.assignment: Assignment | None = None
+        self.model: torch.nn.Module | None = None
+        self.ddp: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.scaler: Any = None
+        self.user_objects: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}  # plain user data saved in the checkpoint (weights_only-safe values)
+        # Progress (the sampler state) and bookkeeping.
+        self.epoch = 0
+        self.offset = 0
+        self.samples_seen = 0
+        self.optimizer_steps = 0
+        self.dataset_size: int | None = None
+        self.history: list[dict] = []
+        self.lr: LRScaler | None = None
+        self.restored_from: Path | None = None
+        self._start_index = 0
+        self._tp_steps = 0
+        self._tp_samples = 0
+        self._tp_seconds = 0.0
+        self._tp_flushed = (0, 0, 0.0)
+        self._steps_this_start = 0
+        self._last_ckpt_time = time.time()
+        self._lr_state: dict | None = None
+        self._requested_batch: int | None = None
+
+    # ---------------------------------------------------------------- setup
+    @property
+    def rank(self) -> int:
+        return self.senv.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.senv.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device if self.ctx else torch.device("cpu")
+
+    def log(self, msg: str, *, all_ranks: bool = False) -> None:
+        if self.verbose and (all_ranks or self.rank == 0):
+            job = self.senv.job_id or "local"
+            print(f"slurm-elastic[job {job} restart {self.senv.restart_count} rank {self.rank}]: {msg}", flush=True)
+
+    def setup(self) -> Assignment:
+        """Init the process group, then agree on this start's batch assignment (read by rank 0)."""
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.ctx = init_distributed(self.senv, rdzv_dir=self.ckpt_dir / "rendezvous", timeout_s=self.timeout_s,
+                                    env=self.env, started_at=self._started_at)
+        store = self.ctx.store
+        if self.rank == 0:
+            try:
+                a = self._resolve_assignment()
+                payload = {"ok": True, **{k: getattr(a, k) for k in
+                                          ("global_batch", "local_batch", "accum", "source", "seq")},
+                           "requested_batch": a.spec.requested_batch if a.spec is not None else None}
+            except Exception as e:
+                store.set(_ASSIGN_KEY, json.dumps({"ok": False, "error": str(e)}))
+                raise
+            store.set(_ASSIGN_KEY, json.dumps(payload))
+            self.assignment = a
+            self._requested_batch = payload["requested_batch"]
+        else:
+            info = json.loads(store.get(_ASSIGN_KEY).decode())
+            if not info["ok"]:
+                raise RuntimeError(f"rank 0 could not choose the batch: {info['error']}")
+            self.assignment = Assignment(info["global_batch"], info["local_batch"], info["accum"], self.world_size,
+                                         info["source"], info["seq"], None)
+            self._requested_batch = info["requested_batch"]
+        a = self.assignment
+        self.log(f"world size {self.world_size} on {self.senv.num_nodes} node(s), backend {self.ctx.backend}, "
+                 f"master {self.ctx.master_addr}:{self.ctx.master_port}; global batch {a.global_batch} = "
+                 f"{self.world_size} x {a.local_batch} x {a.accum} accum (from {a.source})")
+        return a
+
+    def _resolve_assignment(self) -> Assignment:
+        rec = self.job_record
+        if rec is None and self.senv.job_id is not None:
+            rec = read_job_record(self.senv.job_id, env=self.env)
+        return resolve_assignment(
+            job_id=self.senv.job_id,
+            world_size=self.world_size,
+            num_nodes=self.senv.num_nodes if self.senv.job_id is not None else None,
+            comment=rec.comment if rec else None,
+            admin_comment=rec.admin_comment if rec else None,
+            default_batch=self.default_batch,
+            max_local_batch=self.max_local_batch,
+        )
+
+    def wrap(self, model: torch.nn.Module, **ddp_kwargs) -> torch.nn.Module:
+        """Move ``model`` to this rank's device and wrap it in DistributedDataParallel."""
+        if self.ctx is None:
+            raise RuntimeError("call setup() first")
+        model.to(self.device)
+        self.model = model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+        return self.ddp
+
+    def register(self, *, model: torch.nn.Module | None = None, optimizer=None, scheduler=None, scaler=None,
+                 **user_objects) -> None:
+        """Objects whose state goes into the checkpoint; user objects need state_dict/load_state_dict."""
+        if model is not None:
+            self.model = model.module if hasattr(model, "module") and isinstance(
+                model, torch.nn.parallel.DistributedDataParallel) else model
+        if optimizer is not None:
+            self.optimizer = optimizer
+        if scheduler is not None:
+            self.scheduler = scheduler
+        if scaler is not None:
+            self.scaler = scaler
+        for name, obj in user_objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"user object {name!r} needs state_dict() and load_state_dict()")
+            self.user_objects[name] = obj
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        if self.model is None or self.optimizer is None:
+            raise RuntimeError("register(model=..., optimizer=...) before checkpointing")
+        self._update_history()
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "samples_seen": self.samples_seen,
+            "optimizer_steps": self.optimizer_steps,
+            "dataset_size": self.dataset_size,
+            "seed": self.seed,
+            "lr": self.lr.state_dict() if self.lr else None,
+            "history": [dict(h) for h in self.history],
+            "user": {k: v.state_dict() for k, v in self.user_objects.items()},
+            "extra": dict(self.extra),
+            "job": {"job_id": self.senv.job_id, "restart_count": self.senv.restart_count,
+                    "world_size": self.world_size, "time": time.time()},
+        }
+
+    def restore(self) -> bool:
+        """Load the newest readable checkpoint into the registered objects; False if there is none."""
+        if self.ctx is None:
+            raise RuntimeError("call setup() first")
+        store = self.ctx.store
+        key = _CKPT_KEY
+        if self.rank == 0:
+            clean_stale_tmp(self.ckpt_dir)
+            found = load_checkpoint(self.ckpt_dir)
+            store.set(key, "" if found is None else str(found[1]))
+        else:
+            p = store.get(key).decode()
+            found = load_checkpoint(self.ckpt_dir, path=p) if p else None
+        if found is None:
+            self._begin_start()
+            return False
+        state, path = found
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        for name, obj in self.user_objects.items():
+            if name in state.get("user", {}):
+                obj.load_state_dict(state["user"][name])
+        if state.get("seed") != self.seed:
+            raise RuntimeError(f"the checkpoint was trained with seed {state.get('seed')}, this run has {self.seed}")
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self.samples_seen, self.optimizer_steps = int(state["samples_seen"]), int(state["optimizer_steps"])
+        self.dataset_size = state.get("dataset_size")
+        self.history = [dict(h) for h in state.get("history", [])]
+        self.extra = dict(state.get("extra", {}))
+        self._lr_state = state.get("lr")
+        self.restored_from = Path(path)
+        # Every rank loaded the same file, so the DDP replicas agree without a broadcast.
+        self._begin_start()
+        self.log(f"resumed from {path.name}: epoch {self.epoch}, offset {self.offset}, "
+                 f"{self.samples_seen} samples seen, {self.optimizer_steps} steps")
+        return True
+
+    def _begin_start(self) -> None:
+        a = self.assignment
+        # The lr in the user's optimizer is meant for base_batch: by default the spec's requested batch
+        # (the same on every rank: rank 0 shared it with the assignment), else this start's batch.
+        base = self.base_batch or self._requested_batch or a.global_batch
+        warm = self.warmup_samples
+        if warm is None:
+            warm = 20 * a.global_batch if self.lr_scaling == "linear" else 0
+        self.lr = LRScaler(self.lr_scaling, int(base), int(warm))
+        prev = self._lr_state
+        if prev:
+            self.lr.load_state_dict(prev)
+        self.lr.set_batch(a.global_batch, self.samples_seen)
+        self._start_index = len(self.history)
+        self.history.append({"restart_count": self.senv.restart_count, "job_id": self.senv.job_id,
+                             "world_size": self.world_size, "global_batch": a.global_batch,
+                             "local_batch": a.local_batch, "accum": a.accum, "source": a.source,
+                             "start_samples": self.samples_seen, "samples_per_s": None, "steps": 0,
+                             "time": time.time()})
+
+    def checkpoint(self) -> Path | None:
+        """Write a checkpoint now (rank 0 writes; all ranks must call this at the same step)."""
+        path = None
+        if self.rank == 0:
+            t0 = time.time()
+            path = save_checkpoint(self.ckpt_dir, self.state_dict(), on_progress=self.checkpoint_progress)
+            self._flush_throughput()
+            self.log(f"checkpoint {path.name} written in {time.time() - t0:.2f} s at epoch {self.epoch}, "
+                     f"offset {self.offset} ({self.samples_seen} samples seen)")
+        self._last_ckpt_time = time.time()
+        dist.barrier()
+        return path
+
+    # ---------------------------------------------------------------- training loop
+    def steps(self, dataset_size: int, epochs: int) -> Iterator[Step]:
+        """Global steps from the resumed position to the end of ``epochs``; handles stop and checkpoints."""
+        if self.assignment is None or self.lr is None:
+            raise RuntimeError("call setup() and restore() before steps()")
+        if self.dataset_size is not None and self.dataset_size != dataset_size:
+            raise RuntimeError(f"the checkpoint is for a dataset of {self.dataset_size} samples, not {dataset_size}")
+        self.dataset_size = int(dataset_size)
+        a = self.assignment
+        flag_t = torch.zeros(2, dtype=torch.int32, device=self.device if self.ctx.backend == "nccl" else "cpu")
+        while self.epoch < epochs:
+            perm = epoch_permutation(dataset_size, self.seed, self.epoch)
+            while self.offset < dataset_size:
+                t0 = time.perf_counter()
+                stop, due = self._agree(flag_t)
+                if stop:
+                    self._stop_and_exit()
+                if due:
+                    self.checkpoint()
+                    t0 = time.perf_counter()
+                plan = plan_step(perm, self.epoch, self.offset, a.global_batch, self.rank, self.world_size,
+                                 a.local_batch, a.accum)
+                step = Step(self, plan)
+                yield step
+                if not step.done:
+                    raise RuntimeError("call step.optimizer_step() inside the loop body")
+                self.offset += plan.count
+                self.samples_seen += plan.count
+                self.optimizer_steps += 1
+                self._steps_this_start += 1
+                dt = time.perf_counter() - t0
+                if self._steps_this_start > self.throughput_warmup_steps:
+                    self._tp_steps += 1
+                    self._tp_samples += plan.count
+                    self._tp_seconds += dt
+            self.epoch += 1
+            self.offset = 0
+
+    def _agree(self, flag_t: torch.Tensor) -> tuple[bool, bool]:
+        due = False
+        if self.rank == 0:
+            if self.checkpoint_every_steps and self._steps_this_start and \
+                    self.optimizer_steps % self.checkpoint_every_steps == 0:
+                due = True
+            if self.checkpoint_every_s and time.time() - self._last_ckpt_time >= self.checkpoint_every_s:
+                due = True
+        flag_t[0] = 1 if self.flag.is_set() else 0
+        flag_t[1] = 1 if due else 0
+        dist.all_reduce(flag_t, op=dist.ReduceOp.MAX)
+        return bool(flag_t[0].item()), bool(flag_t[1].item())
+
+    def _optimizer_step(self) -> None:
+        opt = self.optimizer
+        f = self.lr.factor(self.samples_seen)
+        if self.lr_schedule is not None:
+            f *= float(self.lr_schedule(self.samples_seen))
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * f
+        try:
+            if self.scaler is not None:
+                self.scaler.step(opt)
+                self.scaler.update()
+            else:
+                opt.step()
+        finally:
+            for g, lr in zip(opt.param_groups, saved):
+                g["lr"] = lr
+
+    @property
+    def lr_factor(self) -> float:
+        f = self.lr.factor(self.samples_seen) if self.lr else 1.0
+        return f * (float(self.lr_schedule(self.samples_seen)) if self.lr_schedule else 1.0)
+
+    # ---------------------------------------------------------------- throughput, stop, finish
+    def throughput(self) -> float | None:
+        """Samples/s of this start so far, warm-up steps dropped (None before any measured step)."""
+        return self._tp_samples / self._tp_seconds if self._tp_seconds > 0 else None
+
+    def _update_history(self) -> None:
+        if self.history:
+            h = self.history[-1]
+            h["samples_per_s"] = self.throughput()
+            h["steps"] = self._steps_this_start
+            h["measured_steps"] = self._tp_steps
+
+    def _flush_throughput(self) -> None:
+        steps, samples, secs = self._tp_steps, self._tp_samples, self._tp_seconds
+        fs, fn, ft = self._tp_flushed
+        if steps > fs:
+            p = protocol.merge_throughput(self.ckpt_dir, self.senv.job_id, self.world_size,
+                                          self.assignment.global_batch, samples - fn, secs - ft, steps - fs)
+            self._tp_flushed = (steps, samples, secs)
+            if p:
+                self.log(f"throughput at {self.world_size} x batch {self.assignment.global_batch}: "
+                         f"{p['samples_per_s']:.1f} samples/s over {p['steps']} steps")
+
+    def _stop_and_exit(self) -> None:
+        self.log(f"stop requested; all ranks stop after step {self.optimizer_steps}")
+        path = self.checkpoint()
+        if self.rank == 0:
+            ack = {"format": protocol.FORMAT, "job_id": self.senv.job_id, "restart_count": self.senv.restart_count,
+                   "step_id": self.senv.step_id, "checkpoint": str(path), "epoch": self.epoch,
+                   "offset": self.offset, "samples_seen": self.samples_seen,
+                   "optimizer_steps": self.optimizer_steps, "world_size": self.world_size,
+                   "global_batch": self.assignment.global_batch, "time": time.time(),
+                   "exit_code": protocol.EXIT_CHECKPOINTED}
+            if self.senv.job_id is not None:
+                protocol.atomic_write_json(
+                    protocol.ack_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count), ack)
+            self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
+        dist.barrier()
+        self._teardown()
+        sys.stdout.flush()
+        raise SystemExit(protocol.EXIT_CHECKPOINTED)
+
+    def finish(self) -> Path | None:
+        """After the last step: final checkpoint, ``done.<job>.json``, process group torn down."""
+        path = self.checkpoint()
+        if self.rank == 0:
+            protocol.atomic_write_json(protocol.done_path(self.ckpt_dir, self.senv.job_id or "local"), {
+                "format": protocol.FORMAT, "job_id": self.senv.job_id, "restart_count": self.senv.restart_count,
+                "epochs_done": self.epoch, "samples_seen": self.samples_seen,
+                "optimizer_steps": self.optimizer_steps, "checkpoint": str(path), "time": time.time()})
+            self.log(f"finished: {self.epoch} epochs, {self.samples_seen} samples, {self.optimizer_steps} steps")
+        self._teardown()
+        return path
+
+    def _teardown(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+            if self.rank == 0 and self.ctx and self.ctx.rdzv_file is not None:
+                with contextlib.suppress(OSError):
+                    self.ctx.rdzv_file.unlink()
+            dist.destroy_process_group()
+
+    # ---------------------------------------------------------------- helpers
+    def fetch(self, dataset, indices: torch.Tensor):
+        """Collate ``dataset[i]`` for ``indices`` with torch's default collate (map-style datasets)."""
+        from torch.utils.data import default_collate
+
+        return default_collate([dataset[int(i)] for i in indices])

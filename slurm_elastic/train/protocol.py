@@ -1,0 +1,153 @@
+"""The files a training job leaves in its checkpoint directory for the daemon. Torch-free.
+
+Everything the daemon needs from a running job goes through the job's checkpoint directory (shared by
+all nodes of the job, since rank 0 of the next start may run elsewhere). Names carry the job id and
+``SLURM_RESTART_COUNT`` so a file from an earlier start is never mistaken for the current one:
+
+``checkpoint.pt`` / ``checkpoint.prev.pt``
+    the latest and the previous checkpoint (torch.save, loadable with ``weights_only=True``).
+``stop-ack.<job>.<restart>.json``
+    written by rank 0 after the checkpoint of a stop request is on disk (fsynced and renamed): from
+    then on the job may be requeued without losing work. All ranks then exit with
+    :data:`EXIT_CHECKPOINTED`.
+``stop-request.<job>.<restart>``
+    optional; the batch shell's USR2 trap (templates) creates it, so a stop asked for before the
+    Python tasks installed their handlers is not lost. The tasks treat it like the signal.
+``throughput.json``
+    samples/s per (world size, global batch), warm-up steps dropped, merged over all starts.
+``done.<job>.json``
+    training finished (all epochs); the job exits 0.
+``rendezvous/<job>.<restart>.<step>.json``
+    rank 0's address and TCP port for this start (see :mod:`slurm_elastic.train.dist`).
+
+This module only reads and writes those files, so the daemon can import it without torch:
+``from slurm_elastic.train.protocol import read_ack, read_throughput``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+# Exit code of every task (and, through srun, of the step) after a stop request was checkpointed.
+# 75 is EX_TEMPFAIL in sysexits.h: "temporary failure, the user is invited to retry".
+EXIT_CHECKPOINTED = 75
+CHECKPOINT_NAME = "checkpoint.pt"
+PREVIOUS_NAME = "checkpoint.prev.pt"
+THROUGHPUT_NAME = "throughput.json"
+
+
+def ack_path(ckpt_dir: str | os.PathLike, job_id: str | int, restart_count: int) -> Path:
+    return Path(ckpt_dir) / f"stop-ack.{job_id}.{restart_count}.json"
+
+
+def stop_request_path(ckpt_dir: str | os.PathLike, job_id: str | int, restart_count: int) -> Path:
+    return Path(ckpt_dir) / f"stop-request.{job_id}.{restart_count}"
+
+
+def done_path(ckpt_dir: str | os.PathLike, job_id: str | int) -> Path:
+    return Path(ckpt_dir) / f"done.{job_id}.json"
+
+
+def throughput_path(ckpt_dir: str | os.PathLike) -> Path:
+    return Path(ckpt_dir) / THROUGHPUT_NAME
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory so a rename in it survives a power loss (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync, os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        # mkstemp makes the file 0600; give it the mode a plain open() would (the daemon may run as
+        # another user than the job and must read the ack and throughput files).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_ack(ckpt_dir: str | os.PathLike, job_id: str | int, restart_count: int) -> dict | None:
+    """The stop acknowledgement of this (job, restart), or None if the checkpoint is not safe yet."""
+    data = _read_json(ack_path(ckpt_dir, job_id, restart_count))
+    if data is None or str(data.get("job_id")) != str(job_id) or data.get("restart_count") != restart_count:
+        return None
+    return data
+
+
+def read_done(ckpt_dir: str | os.PathLike, job_id: str | int) -> dict | None:
+    return _read_json(done_path(ckpt_dir, job_id))
+
+
+def read_throughput(ckpt_dir: str | os.PathLike) -> list[dict]:
+    """Measured points ``[{"gpus", "batch", "samples_per_s", "steps", "seconds", ...}]`` (may be empty)."""
+    data = _read_json(throughput_path(ckpt_dir))
+    if not data or not isinstance(data.get("points"), list):
+        return []
+    return [p for p in data["points"] if isinstance(p, dict) and {"gpus", "batch", "samples_per_s"} <= set(p)]
+
+
+def merge_throughput(
+    ckpt_dir: str | os.PathLike, job_id: str | int | None, gpus: int, batch: int, samples: int, seconds: float, steps: int
+) -> dict | None:
+    """Fold a new measurement into ``throughput.json`` (time-weighted per (gpus, batch)); rank 0 only."""
+    if seconds <= 0 or samples <= 0 or steps <= 0:
+        return None
+    points = {(p["gpus"], p["batch"]): dict(p) for p in read_throughput(ckpt_dir)}
+    key = (int(gpus), int(batch))
+    p = points.get(key, {"gpus": key[0], "batch": key[1], "samples": 0, "seconds": 0.0, "steps": 0})
+    p["samples"] = int(p.get("samples", 0)) + int(samples)
+    p["seconds"] = float(p.get("seconds", 0.0)) + float(seconds)
+    p["steps"] = int(p.get("steps", 0)) + int(steps)
+    p["samples_per_s"] = p["samples"] / p["seconds"]
+    p["updated"] = time.time()
+    points[key] = p
+    atomic_write_json(
+        throughput_path(ckpt_dir),
+        {"format": FORMAT, "job_id": None if job_id is None else str(job_id),
+         "points": [points[k] for k in sorted(points)]},
+    )
+    return p
