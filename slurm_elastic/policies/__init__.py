@@ -1,0 +1,32 @@
+"""Scheduling policies: pure functions from (capacity, jobs) to GPUs and batch sizes per job.
+
+``get_policy(name, **options)`` returns one of:
+
+* ``dp`` -- the paper's optimizer: exact knapsack DP over GPU count and batch (:mod:`.dp`);
+* ``fixed-batch`` -- elastic GPU count at the requested batch, greedy as Optimus (:mod:`.fixed_batch`);
+* ``static`` -- FIFO gang scheduling at the requested GPUs and batch, never resized (:mod:`.static`).
+"""
+
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, JobRequest, Policy
+
+POLICY_NAMES = ("dp", "fixed-batch", "static")
+
+__all__ = ["Allocation", "AllocationProblem", "JobAllocation", "JobRequest", "Policy", "POLICY_NAMES", "get_policy"]
+
+
+def get_policy(name: str, **options) -> Policy:
+    """A new policy object by name (``dp``, ``fixed-batch``/``fixed_batch``, ``static``)."""
+    key = name.strip().lower().replace("_", "-")
+    if key == "dp":
+        from slurm_elastic.policies.dp import DPPolicy
+
+        return DPPolicy(**options)
+    if key == "fixed-batch":
+        from slurm_elastic.policies.fixed_batch import FixedBatchPolicy
+
+        return FixedBatchPolicy(**options)
+    if key == "static":
+        from slurm_elastic.policies.static import StaticPolicy
+
+        return StaticPolicy(**options)
+    raise KeyError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")

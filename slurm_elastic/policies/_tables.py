@@ -1,0 +1,209 @@
+"""What every policy needs per job: the allowed GPU counts, the best batch for each, and values.
+
+A :class:`JobTable` lists, for one job on one cluster shape, every GPU count the job may run on
+(its spec's range, the node-shape rule of :meth:`ElasticSpec.allowed_gpu_counts`, the capacity and
+the model's ``max_gpus``) for which some batch is feasible, and for each count ``k`` the batch
+``b*(k)`` that maximises the model's samples/s (or goodput, with an ``efficiency`` function):
+
+* the global batch ``b`` ranges over ``[min_batch, max_batch]`` with ``b % k == 0``;
+* the per-GPU share ``b / k`` is split exactly as :meth:`ElasticSpec.split_batch` splits it (the
+  fewest accumulation steps ``a <= max_accum`` that bring the micro-batch to ``<= max_local_batch``;
+  the micro-batch must be ``>= min_local_batch``);
+* ties go to the smaller batch. When a count admits more than ``MAX_SHARES`` per-GPU shares (only
+  with huge ranges), ``MAX_SHARES`` log-spaced shares are tried instead (then ``b*`` is approximate).
+
+Tables are cached per model object (weakly) and per spec shape, so a daemon cycle that sees the
+same jobs again does not recompute them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from slurm_elastic.policies.base import AllocationProblem, JobRequest
+from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.spec import ElasticSpec
+
+MAX_SHARES = 1 << 16
+
+
+@dataclass(frozen=True)
+class JobTable:
+    counts: np.ndarray  # int64, ascending
+    nodes: np.ndarray
+    batch: np.ndarray
+    local: np.ndarray
+    accum: np.ndarray
+    sps: np.ndarray  # float64 samples/s at (counts[i], batch[i])
+    value: np.ndarray  # what b*(k) maximises: samples/s, or goodput (samples/s x efficiency)
+
+    def __len__(self) -> int:
+        return int(self.counts.size)
+
+    def index(self, k: int) -> int:
+        """Position of count ``k`` in the table, or -1."""
+        i = int(np.searchsorted(self.counts, k))
+        return i if i < self.counts.size and self.counts[i] == k else -1
+
+
+_EMPTY = JobTable(*(np.empty(0, np.int64) for _ in range(5)), np.empty(0, np.float64), np.empty(0, np.float64))
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _spec_key(spec: ElasticSpec) -> tuple:
+    return (spec.min_gpus, spec.max_gpus, spec.min_batch, spec.max_batch, spec.max_local_batch,
+            spec.min_local_batch, spec.max_accum, spec.gpus_per_node, spec.batch)
+
+
+def allowed_counts(spec: ElasticSpec, node_size: int, cap: int, model: ThroughputModel | None = None) -> list[int]:
+    """``spec.allowed_gpu_counts(node_size)`` limited to ``cap`` GPUs and the model's ``max_gpus``."""
+    hi = min(spec.max_gpus, cap)
+    if model is not None and model.max_gpus is not None:
+        hi = min(hi, int(model.max_gpus))
+    if hi < spec.min_gpus:
+        return []
+    return replace(spec, max_gpus=hi).allowed_gpu_counts(node_size)
+
+
+def _canonical_split(spec: ElasticSpec, k: int, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised :meth:`ElasticSpec.split_batch` over per-GPU shares: (local, accum); accum 0 = infeasible."""
+    acc = np.zeros(shares.size, np.int64)
+    first = np.maximum(1, -(-shares // spec.max_local_batch))
+    top = min(spec.max_accum, int(shares.max(initial=0)))
+    for a in range(1, top + 1):
+        todo = acc == 0
+        if not todo.any():
+            break
+        m = todo & (first <= a) & (shares % a == 0) & (a <= shares)
+        acc[m] = a
+    local = np.where(acc > 0, shares // np.maximum(acc, 1), 0)
+    bad = (acc == 0) | (local < spec.min_local_batch)
+    acc[bad] = 0
+    return local, acc
+
+
+def best_batch(
+    model: ThroughputModel,
+    spec: ElasticSpec,
+    k: int,
+    nodes: int,
+    fixed_batch: int | None = None,
+    efficiency: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[int, int, int, float, float] | None:
+    """``(batch, local_batch, accum, samples_per_s, value)`` of the best batch on ``k`` GPUs, or None."""
+    if fixed_batch is not None:
+        split = spec.split_batch(k, fixed_batch)
+        if split is None:
+            return None
+        local, acc = split
+        raw = float(model.samples_per_s(k, nodes, local, acc))
+        v = raw
+        if efficiency is not None:
+            v *= float(efficiency(np.array([fixed_batch], dtype=np.float64))[0])
+        if not np.isfinite(v) or v <= 0:
+            return None
+        return fixed_batch, local, acc, raw, v
+    s_lo = max(-(-spec.min_batch // k), spec.min_local_batch)
+    s_hi = min(spec.max_batch // k, spec.max_local_batch * spec.max_accum)
+    if s_hi < s_lo:
+        return None
+    if s_hi - s_lo + 1 <= MAX_SHARES:
+        shares = np.arange(s_lo, s_hi + 1, dtype=np.int64)
+    else:
+        shares = np.unique(np.round(np.geomspace(s_lo, s_hi, MAX_SHARES)).astype(np.int64))
+    local, acc = _canonical_split(spec, k, shares)
+    ok = acc > 0
+    if not ok.any():
+        return None
+    shares, local, acc = shares[ok], local[ok], acc[ok]
+    raw = np.asarray(model.samples_per_s_array(k, nodes, local.astype(np.float64), acc.astype(np.float64)))
+    v = raw * efficiency((shares * k).astype(np.float64)) if efficiency is not None else raw
+    v = np.where(np.isfinite(v), v, -np.inf)
+    i = int(np.argmax(v))
+    if not np.isfinite(v[i]) or v[i] <= 0:
+        return None
+    return int(shares[i] * k), int(local[i]), int(acc[i]), float(raw[i]), float(v[i])
+
+
+def job_table(
+    model: ThroughputModel,
+    spec: ElasticSpec,
+    node_size: int,
+    cap: int,
+    fixed_batch: int | None = None,
+    efficiency: Callable[[np.ndarray], np.ndarray] | None = None,
+    efficiency_key: object = None,
+) -> JobTable:
+    """The (cached) table of allowed counts and best batches for one job (see the module docstring)."""
+    key = (_spec_key(spec), node_size, cap, fixed_batch, efficiency_key if efficiency is not None else None)
+    try:
+        per_model = _CACHE.get(model)
+        if per_model is None:
+            per_model = {}
+            _CACHE[model] = per_model
+    except TypeError:  # an unhashable / non-weakrefable model: no caching
+        per_model = {}
+    hit = per_model.get(key)
+    if hit is not None:
+        return hit
+    rows = []
+    for k in allowed_counts(spec, node_size, cap, model):
+        n = spec.placement(k, node_size)[0]
+        bb = best_batch(model, spec, k, n, fixed_batch, efficiency)
+        if bb is not None:
+            rows.append((k, n, *bb))
+    if not rows:
+        table = _EMPTY
+    else:
+        cols = list(zip(*rows, strict=True))
+        table = JobTable(*(np.array(c, dtype=np.int64) for c in cols[:5]),
+                         *(np.array(c, dtype=np.float64) for c in cols[5:]))
+    if len(per_model) > 4096:
+        per_model.clear()
+    per_model[key] = table
+    return table
+
+
+def restart_fraction(req: JobRequest, problem: AllocationProblem) -> float:
+    """Share of the planning horizon a rescale costs: ``restart_s / horizon_s`` clipped to [0, 1].
+
+    The spec's ``restart_s`` (the user's estimate) wins over the request's default estimate.
+    """
+    r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
+    if problem.horizon_s <= 0:
+        return 1.0
+    return min(1.0, max(0.0, float(r) / problem.horizon_s))
+
+
+def current_samples_per_s(req: JobRequest, node_size: int) -> float | None:
+    """What a running job does now (its current GPUs and batch), if the model can say."""
+    if not req.is_running:
+        return None
+    k = req.running_gpus
+    b = req.running_batch
+    try:
+        n = req.spec.placement(k, node_size)[0]
+    except ValueError:
+        n = -(-k // node_size)
+    if b is None:
+        return None
+    split = req.spec.split_batch(k, b)
+    if split is None:
+        local, acc = b / k, 1
+    else:
+        local, acc = split
+    try:
+        v = float(req.model.samples_per_s(k, n, local, acc))
+    except (ValueError, ZeroDivisionError):
+        return None
+    return v if np.isfinite(v) and v > 0 else None
+
+
+def pct(new: float, old: float | None) -> str:
+    if not old:
+        return ""
+    return f"{100.0 * (new / old - 1.0):+.0f}% samples/s"
