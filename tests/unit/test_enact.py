@@ -1,0 +1,128 @@
+"""The enactor: the order of backend calls for starts and resizes, acks, timeouts, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_elastic import planner as pl
+from slurm_elastic.backends.base import JobNotRequeueable, SlurmBackend, SlurmError
+from slurm_elastic.enact import Enactor
+from slurm_elastic.spec import Decision
+
+
+class Recorder(SlurmBackend):
+    def __init__(self):
+        self.calls = []
+        self.acked = set()
+        self.fail = {}
+
+    def _call(self, name, *args, **kw):
+        self.calls.append((name, *args, *sorted(kw.items())))
+        if name in self.fail:
+            raise self.fail[name]
+
+    def list_jobs(self):
+        return []
+
+    def list_nodes(self):
+        return []
+
+    def hold(self, job_id):
+        self._call("hold", job_id)
+
+    def release(self, job_id):
+        self._call("release", job_id)
+
+    def requeue_hold(self, job_id):
+        self._call("requeue_hold", job_id)
+
+    def update_job(self, job_id, **kw):
+        self._call("update_job", job_id, **kw)
+
+    def signal(self, job_id, signal="USR2", *, batch_only=False):
+        self._call("signal", job_id, signal)
+
+    def checkpoint_acked(self, job_id):
+        return job_id in self.acked
+
+
+D = Decision(gpus=8, nodes=2, batch=64, local_batch=8, seq=3)
+
+
+def test_start_is_update_then_release():
+    b = Recorder()
+    e = Enactor(b, clock=lambda: 0.0)
+    res = e.apply([pl.Start(7, 8, 2, 4, D), pl.Leave(8)])
+    assert [r.status for r in res] == ["done"]
+    assert b.calls == [
+        ("update_job", 7, ("admin_comment", D.to_admin_comment()), ("gpus_per_node", 4), ("num_nodes", 2),
+         ("start_now", True)),
+        ("release", 7),
+    ]
+
+
+def test_resize_waits_for_ack_then_requeue_update_release():
+    b = Recorder()
+    now = [0.0]
+    e = Enactor(b, clock=lambda: now[0])
+    res = e.apply([pl.Resize(7, 4, 8, 2, 4, D)])
+    assert [r.status for r in res] == ["begun"] and b.calls == [("signal", 7, "USR2")]
+    assert e.in_flight_targets() == {7: 8}
+    assert e.poll() == [] and len(b.calls) == 1
+    b.acked.add(7)
+    now[0] = 12.0
+    res = e.poll()
+    assert [r.status for r in res] == ["done"] and not e.in_flight
+    assert [c[0] for c in b.calls] == ["signal", "requeue_hold", "update_job", "release"]
+
+
+def test_unacked_resize_times_out_and_leaves_the_job_running():
+    b = Recorder()
+    now = [0.0]
+    e = Enactor(b, clock=lambda: now[0], ack_timeout_s=60.0)
+    e.apply([pl.Resize(7, 4, 8, 2, 4, D)])
+    now[0] = 59.0
+    assert e.poll() == []
+    now[0] = 60.0
+    res = e.poll()
+    assert res[0].status == "timeout" and "left running" in res[0].message
+    assert [c[0] for c in b.calls] == ["signal"] and not e.in_flight
+
+
+def test_preempt_requeues_and_stays_held():
+    b = Recorder()
+    b.acked.add(7)
+    e = Enactor(b, clock=lambda: 0.0)
+    res = e.apply([pl.Preempt(7, 4)])
+    assert [r.status for r in res] == ["begun", "done"]
+    assert [c[0] for c in b.calls] == ["signal", "requeue_hold"]
+
+
+def test_errors_are_reported_not_raised():
+    b = Recorder()
+    b.fail["update_job"] = SlurmError("boom")
+    e = Enactor(b, clock=lambda: 0.0)
+    res = e.apply([pl.Start(7, 8, 2, 4, D)])
+    assert res[0].status == "error" and "boom" in res[0].message
+    assert [c[0] for c in b.calls] == ["update_job"]  # never released with a stale size
+    b2 = Recorder()
+    b2.acked.add(7)
+    b2.fail["requeue_hold"] = JobNotRequeueable("no")
+    res = Enactor(b2, clock=lambda: 0.0).apply([pl.Resize(7, 4, 8, 2, 4, D)])
+    assert res[-1].status == "error" and "not requeueable" in res[-1].message
+
+
+def test_a_second_resize_of_an_in_flight_job_is_refused():
+    b = Recorder()
+    e = Enactor(b, clock=lambda: 0.0)
+    e.apply([pl.Resize(7, 4, 8, 2, 4, D)])
+    res = e.apply([pl.Resize(7, 4, 2, 1, 2, D)])
+    assert res[0].status == "error" and len(b.calls) == 1
+
+
+def test_backend_without_ack_needs_an_ack_source():
+    class NoAck(Recorder):
+        checkpoint_acked = None
+
+    with pytest.raises(TypeError):
+        Enactor(NoAck())

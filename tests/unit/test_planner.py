@@ -1,0 +1,109 @@
+"""The planner's rules (slurm_elastic/planner.py docstring), one by one."""
+
+from __future__ import annotations
+
+from sim_helpers import toy_spec
+
+from slurm_elastic import planner as pl
+from slurm_elastic.policies.base import Allocation, JobAllocation
+
+SPEC = toy_spec(max_gpus=16)
+
+
+def alloc(**gpus):
+    return Allocation({k: JobAllocation(k, g, batch=8 if g else 0, local_batch=8 // g if g else 0)
+                       for k, g in gpus.items()})
+
+
+def view(job_id, status, gpus=0, batch=None, sps=0.0):
+    return pl.JobView(job_id, status, gpus, batch if batch is not None else (8 if gpus else None), sps, SPEC)
+
+
+def kinds(plan):
+    return {a.job_id: (a.kind, getattr(a, "gpus", None)) for a in plan.actions}
+
+
+def test_start_pending_with_placement_and_decision():
+    p = pl.plan(alloc(a=2, b=8), [view("a", pl.PENDING), view("b", pl.PENDING)], {}, 0.0, capacity=16, node_size=4)
+    by = {a.job_id: a for a in p.actions}
+    assert isinstance(by["a"], pl.Start) and (by["a"].nodes, by["a"].gpus_per_node) == (1, 2)
+    assert (by["b"].nodes, by["b"].gpus_per_node) == (2, 4)
+    d = by["b"].decision
+    assert (d.gpus, d.nodes, d.batch, d.local_batch, d.accum, d.seq) == (8, 2, 8, 1, 1, 1)
+    assert d.to_admin_comment().startswith("elastic-decision:gpus=8,nodes=2,batch=8")
+    assert p.committed_gpus == 10
+
+
+def test_same_gpu_count_is_left_alone_even_with_another_batch():
+    a = Allocation({"a": JobAllocation("a", 4, batch=16, local_batch=4)})
+    p = pl.plan(a, [view("a", pl.RUNNING, 4, batch=8)], {}, 100.0, capacity=16, node_size=4)
+    assert isinstance(p.actions[0], pl.Leave) and "batch-only" in p.actions[0].reason
+
+
+def test_resize_and_cooldown():
+    books = {"a": pl.JobBook(last_change_s=100.0, seq=3)}
+    cfg = pl.PlannerConfig(cooldown_s=300.0)
+    p = pl.plan(alloc(a=8), [view("a", pl.RUNNING, 4)], books, 350.0, capacity=16, node_size=4, config=cfg)
+    assert kinds(p) == {"a": ("leave", None)} and "cooldown" in p.actions[0].reason and p.deferred == 1
+    p = pl.plan(alloc(a=8), [view("a", pl.RUNNING, 4)], books, 400.0, capacity=16, node_size=4, config=cfg)
+    r = p.actions[0]
+    assert isinstance(r, pl.Resize) and (r.from_gpus, r.gpus, r.nodes, r.decision.seq) == (4, 8, 2, 4)
+    nb = pl.update_books(books, [r], 400.0)
+    assert nb["a"] == pl.JobBook(last_change_s=400.0, rescales=1, seq=4)
+
+
+def test_in_flight_and_starting_jobs_are_left_alone_and_committed():
+    jobs = [view("a", pl.IN_FLIGHT, 8), view("b", pl.STARTING, 4), view("c", pl.PENDING)]
+    p = pl.plan(alloc(a=2, b=2, c=8), jobs, {}, 0.0, capacity=16, node_size=4)
+    k = kinds(p)
+    assert k["a"] == ("leave", None) and k["b"] == ("leave", None)
+    # 8 + 4 committed: c's 8 do not fit in 16.
+    assert k["c"] == ("leave", None)
+    assert {a.job_id: a.reason for a in p.actions}["c"] == "waiting for GPUs"
+
+
+def test_shrinks_before_starts_before_grows_and_capacity_gate():
+    jobs = [view("g", pl.RUNNING, 4), view("s", pl.RUNNING, 8), view("n", pl.PENDING)]
+    p = pl.plan(alloc(g=8, s=4, n=4), jobs, {}, 1000.0, capacity=16, node_size=4)
+    assert [a.job_id for a in p.actions] == ["s", "n", "g"]
+    assert p.committed_gpus == 16
+    # Without the shrink (cooldown on s), the start fits (4+8+4=16) but the grow does not.
+    books = {"s": pl.JobBook(last_change_s=900.0)}
+    p = pl.plan(alloc(g=8, s=4, n=4), jobs, books, 1000.0, capacity=16, node_size=4,
+                config=pl.PlannerConfig(cooldown_s=300.0))
+    k = kinds(p)
+    assert k["s"] == ("leave", None) and k["n"] == ("start", 4) and k["g"] == ("leave", None)
+    assert p.committed_gpus == 16
+
+
+def test_max_in_flight_counts_existing_resizes():
+    jobs = [view("x", pl.IN_FLIGHT, 4), view("a", pl.RUNNING, 4), view("b", pl.RUNNING, 4)]
+    p = pl.plan(alloc(a=2, b=2), jobs, {}, 0.0, capacity=16, node_size=4, config=pl.PlannerConfig(max_in_flight=2))
+    k = kinds(p)
+    assert k["a"] == ("resize", 2) and k["b"] == ("leave", None)
+    assert p.deferred == 1
+
+
+def test_zero_gpus_for_running_job_needs_preemption():
+    jobs = [view("a", pl.RUNNING, 4)]
+    p = pl.plan(alloc(a=0), jobs, {}, 0.0, capacity=16, node_size=4)
+    assert kinds(p) == {"a": ("leave", None)} and "preemption is off" in p.actions[0].reason
+    assert p.committed_gpus == 4
+    p = pl.plan(alloc(a=0), jobs, {}, 0.0, capacity=16, node_size=4, config=pl.PlannerConfig(allow_preemption=True))
+    assert isinstance(p.actions[0], pl.Preempt) and p.committed_gpus == 0
+
+
+def test_min_relative_gain_skips_small_grows_only():
+    a = Allocation({"a": JobAllocation("a", 8, batch=8, local_batch=1, samples_per_s=105.0),
+                    "b": JobAllocation("b", 2, batch=8, local_batch=4, samples_per_s=50.0)})
+    jobs = [view("a", pl.RUNNING, 4, sps=100.0), view("b", pl.RUNNING, 4, sps=100.0)]
+    cfg = pl.PlannerConfig(min_relative_gain=0.1)
+    k = kinds(pl.plan(a, jobs, {}, 0.0, capacity=16, node_size=4, config=cfg))
+    assert k == {"a": ("leave", None), "b": ("resize", 2)}
+    k = kinds(pl.plan(a, jobs, {}, 0.0, capacity=16, node_size=4))
+    assert k == {"a": ("resize", 8), "b": ("resize", 2)}
+
+
+def test_job_missing_from_allocation_is_left_alone():
+    p = pl.plan(Allocation({}), [view("a", pl.RUNNING, 4), view("b", pl.PENDING)], {}, 0.0, capacity=8, node_size=4)
+    assert all(isinstance(a, pl.Leave) for a in p.actions) and p.committed_gpus == 4
