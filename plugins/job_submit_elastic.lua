@@ -104,6 +104,13 @@ function elastic_spec_error(comment)
           return fail(key, "expected a profile name ([A-Za-z0-9_.-]), got '" .. value .. "'")
         end
         s[key] = value
+      elseif key == "ckpt_dir" then
+        local rest = string.gsub(value, "%%j", "")
+        if not string.find(value, "^/[A-Za-z0-9_./%%+-]*$") or #value > 256 or string.find(rest, "%%")
+           or string.find(value .. "/", "/%.%./") then
+          return fail(key, "expected an absolute path of [A-Za-z0-9_./+-] (and %j for the job id)")
+        end
+        s[key] = value
       elseif key == "points" then
         local err = check_points(value)
         if err then return err end

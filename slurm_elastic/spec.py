@@ -74,6 +74,11 @@ class ElasticSpec:
     points: tuple[ThroughputPoint, ...] = field(default_factory=tuple)
     weight: float = 1.0
     restart_s: float | None = None  # the user's estimate of checkpoint + restart time
+    ckpt_dir: str | None = None  # where the job's checkpoints, stop acks and throughput reports go (%j = job id)
+
+    def checkpoint_dir(self, job_id: int | str) -> str | None:
+        """The job's checkpoint directory with ``%j`` replaced by its id, or None if not declared."""
+        return self.ckpt_dir.replace("%j", str(job_id)) if self.ckpt_dir else None
 
     @property
     def requested_batch(self) -> int:
@@ -161,7 +166,8 @@ _INT_FIELDS = {
     "max_accum": MAX_ACCUM_LIMIT,
 }
 _FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
-_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points"}
+_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir"}
+_PATH_RE = re.compile(r"^/[A-Za-z0-9_./%+-]{0,255}$")
 
 
 def is_elastic_comment(comment: str | None) -> bool:
@@ -239,6 +245,14 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
             values[key] = _parse_int(value, key, job_id, _INT_FIELDS[key])
         elif key in _FLOAT_FIELDS:
             values[key] = _parse_float(value, key, job_id, _FLOAT_FIELDS[key])
+        elif key == "ckpt_dir":
+            if not _PATH_RE.match(value) or "/../" in value + "/" or "%" in value.replace("%j", ""):
+                raise SpecError(
+                    f"expected an absolute path of [A-Za-z0-9_./+-] (and %j for the job id), got {value[:80]!r}",
+                    job_id=job_id,
+                    field=key,
+                )
+            values[key] = value
         elif key == "profile":
             if not _NAME_RE.match(value):
                 raise SpecError(f"expected a profile name ([A-Za-z0-9_.-]), got {value!r}", job_id=job_id, field=key)

@@ -59,6 +59,7 @@ def sbatch(cluster, comment, *extra, user=None):
         (GOOD + ",weight=0", "weight"),
         ("elastic:min_gpus=3,max_gpus=3,min_batch=100,max_batch=101,max_local_batch=512", "max_batch"),
         (GOOD + ",profile=$(reboot)", "profile"),
+        (GOOD + ",ckpt_dir=/a/../etc", "ckpt_dir"),
     ],
 )
 def test_sbatch_prints_the_field_of_a_malformed_spec(lua_cluster, comment, field):
@@ -75,10 +76,10 @@ def test_elastic_jobs_need_requeue(lua_cluster):
 
 def test_valid_elastic_job_is_held_and_plain_jobs_pass(lua_cluster):
     b = lua_cluster.backend
-    jid = sbatch(lua_cluster, GOOD, "--requeue")
+    jid = sbatch(lua_cluster, GOOD + ",ckpt_dir=/scratch/ckpt/%j", "--requeue")
     plain = sbatch(lua_cluster, None)
     job = b.get_job(jid)
-    assert job.is_pending and job.held and job.comment == GOOD
+    assert job.is_pending and job.held and job.comment == GOOD + ",ckpt_dir=/scratch/ckpt/%j"
     lua_cluster.wait_job(plain, lambda j: j is not None and j.is_running, timeout=30)
     # The daemon (root) may update and release it: slurm_job_modify lets its calls through.
     b.update_job(jid, gpus_per_node=2, num_nodes=1, num_tasks=2, start_now=True,

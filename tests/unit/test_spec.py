@@ -32,6 +32,12 @@ def test_optional_fields_and_points():
     assert spec.points == (ThroughputPoint(1, 256, 100.0), ThroughputPoint(2, 256, 190.5))
 
 
+def test_checkpoint_dir_expands_the_job_id():
+    spec = parse_spec(BASE + ",ckpt_dir=/scratch/ckpt/%j")
+    assert spec.checkpoint_dir(77) == "/scratch/ckpt/77" and parse_spec(spec.to_comment()) == spec
+    assert parse_spec(BASE).checkpoint_dir(77) is None
+
+
 def test_round_trip_through_comment():
     spec = parse_spec(BASE + ",batch=256,profile=bert,weight=3,points=2x256@5e2")
     assert parse_spec(spec.to_comment()) == spec
@@ -58,6 +64,10 @@ def test_round_trip_through_comment():
         ("elastic:min_gpus=3,max_gpus=3,min_batch=100,max_batch=101,max_local_batch=512", "max_batch"),
         (BASE + ",gpus_per_node=16", "gpus_per_node"),
         (BASE + ",batch", "batch"),
+        (BASE + ",ckpt_dir=relative/path", "ckpt_dir"),
+        (BASE + ",ckpt_dir=/a/../etc", "ckpt_dir"),
+        (BASE + ",ckpt_dir=/tmp/$(id)", "ckpt_dir"),
+        (BASE + ",ckpt_dir=/tmp/%u", "ckpt_dir"),
     ],
 )
 def test_errors_name_the_job_and_field(comment, field):
@@ -129,12 +139,12 @@ def test_decision_round_trip_and_tampering():
 
 
 KEYS = ["min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch", "batch", "gpus", "profile", "points",
-        "weight", "max_accum", "gpus_per_node", "restart_s", "min_local_batch", "x", "", "=", "elastic"]
+        "weight", "max_accum", "gpus_per_node", "restart_s", "min_local_batch", "ckpt_dir", "x", "", "=", "elastic"]
 values = st.one_of(
     st.integers(min_value=-10, max_value=10**20).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(str),
     st.text(max_size=20),
-    st.sampled_from(["1x2@3", "1x2@3|4x5@6", "$(reboot)", "`id`", ";", "ü", "1e400", "nan", "0"]),
+    st.sampled_from(["/tmp/%j", "/a/../b", "1x2@3", "1x2@3|4x5@6", "$(reboot)", "`id`", ";", "ü", "1e400", "nan", "0"]),
 )
 items = st.tuples(st.sampled_from(KEYS) | st.text(max_size=8), values).map(lambda kv: f"{kv[0]}={kv[1]}")
 comments = st.one_of(
