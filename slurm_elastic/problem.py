@@ -65,11 +65,36 @@ class Snapshot:
 
 
 class SpecCache:
-    """Parsed specs by comment text, so a polling loop parses each distinct comment once."""
+    """Parsed specs and decisions by text, and current throughputs, so a polling loop computes each once."""
 
     def __init__(self, max_size: int = 100_000):
         self._d: dict[tuple[str, int], ElasticSpec | SpecError] = {}
+        self._dec: dict[str, Decision | None | SpecError] = {}
+        self._sps: dict[tuple, float] = {}
         self.max_size = max_size
+
+    def decision(self, admin_comment: str, job_id) -> Decision | None:
+        hit = self._dec.get(admin_comment, self)
+        if hit is self:
+            try:
+                hit = parse_decision(admin_comment, job_id)
+            except SpecError as e:
+                hit = e
+            if len(self._dec) >= self.max_size:
+                self._dec.clear()
+            self._dec[admin_comment] = hit
+        if isinstance(hit, SpecError):
+            raise SpecError(hit.reason, job_id=job_id, field=hit.field)
+        return hit
+
+    def samples_per_s(self, model: ThroughputModel, gpus: int, nodes: int, local: int, accum: int) -> float:
+        key = (model, gpus, nodes, local, accum)  # the model itself (not its id): no reuse after GC
+        v = self._sps.get(key)
+        if v is None:
+            if len(self._sps) >= self.max_size:
+                self._sps.clear()
+            v = self._sps[key] = model.samples_per_s(gpus, nodes, local, accum)
+        return v
 
     def get(self, comment: str, job_id, node_size: int) -> ElasticSpec:
         key = (comment, node_size)
@@ -166,7 +191,7 @@ def build_problem(
     for r in elastic:
         spec = specs[r.job_id]
         try:
-            d = parse_decision(r.admin_comment, r.job_id)
+            d = cache.decision(r.admin_comment, r.job_id) if r.admin_comment else None
         except SpecError as e:
             errors[r.job_id] = e
             specs.pop(r.job_id)
@@ -191,7 +216,7 @@ def build_problem(
             split = spec.split_batch(gpus, batch) if batch else None
             if split is not None:
                 n, _ = spec.placement(gpus, size) if size else (1, gpus)
-                sps = model.samples_per_s(gpus, n, split[0], split[1])
+                sps = cache.samples_per_s(model, gpus, n, split[0], split[1])
         wait = max(0.0, now - r.submit_time) if (status == PENDING and r.submit_time is not None) else 0.0
         reqs.append(
             JobRequest(
