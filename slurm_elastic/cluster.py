@@ -7,10 +7,19 @@ pids it recorded, after checking that each pid still runs the program it started
 
 Fake GPUs: Slurm drops GPUs without a device file, so each node gets character devices made with
 ``mknod`` (major 1, minor 3: the same device as /dev/null), listed as ``File=`` in gres.conf.
+
+Slurm versions: ``ClusterConfig.release=None`` runs the host's Slurm; ``release="trixie"`` (or
+``"bookworm"``) runs that Debian release's Slurm in a debootstrap chroot (:mod:`slurm_elastic.chroot`).
+Then every daemon and tool runs as ``chroot ROOT /usr/sbin/...``, the runtime files (config, munge,
+spool, logs, fake GPUs, job dirs) live inside the root under ``/srv/slurm-elastic/<name>`` (the state
+dir itself when it already lies inside the root), and slurm.conf names them by their inside paths;
+``cluster.json`` stays in the state dir. ``tool()``, ``run_tool()``, ``job_dir()`` and ``inside()``
+hide the difference from tests and the demo.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from slurm_elastic.backends.cli import CliBackend
+from slurm_elastic.chroot import ChrootError, ChrootRoot, host_release
 
 DEFAULT_STATE_DIR = Path(os.environ.get("XDG_STATE_HOME", str(Path.home() / ".local" / "state"))) / "slurm-elastic" / "cluster"
 STATE_FILE = "cluster.json"
@@ -47,7 +57,9 @@ class ClusterConfig:
     job_submit_lua: str | None = None  # path of a job_submit.lua to load (JobSubmitPlugins=lua)
     extra_conf: list[str] = field(default_factory=list)  # extra slurm.conf lines, e.g. for tests
     sbin: str = "/usr/sbin"  # where slurmctld, slurmd and munged live
-    bin: str = "/usr/bin"  # where squeue, scontrol, sbatch live
+    bin: str = "/usr/bin"  # where squeue, scontrol, sbatch live (inside the chroot when release is set)
+    release: str | None = None  # None: the host's Slurm; a Debian codename: that release's Slurm in a chroot
+    chroot_cache: str | None = None  # where chroots are built (default: slurm_elastic.chroot.cache_dir())
 
     def node_names(self) -> list[str]:
         return [f"node{i}" for i in range(1, self.nodes + 1)]
@@ -56,8 +68,12 @@ class ClusterConfig:
         return self.ctld_port + 1 + index
 
 
-def _pid_alive(pid: int, program: str | None = None) -> bool:
-    """True if ``pid`` runs and (when given) its executable is ``program``, so a reused pid is not ours."""
+def _pid_alive(pid: int, program: str | None = None, root: str | None = None) -> bool:
+    """True if ``pid`` runs and (when given) its executable is ``program``, so a reused pid is not ours.
+
+    With ``root`` (a chroot), the executable must also lie inside it: seen from the host,
+    /proc/PID/exe of a chrooted daemon is the full host path, e.g. ROOT/usr/sbin/slurmctld-wlm.
+    """
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
@@ -69,11 +85,24 @@ def _pid_alive(pid: int, program: str | None = None) -> bool:
         if program is not None:
             exe = os.readlink(f"/proc/{pid}/exe")
             # Debian installs the daemons as alternatives (slurmctld -> slurmctld-wlm).
-            name = os.path.basename(exe).replace(" (deleted)", "")
+            exe = exe.replace(" (deleted)", "")
+            if root is not None and not exe.startswith(root.rstrip("/") + "/"):
+                return False
+            if root is None and _in_some_chroot(pid):
+                return False
+            name = os.path.basename(exe)
             return name == program or name.startswith(program + "-")
     except OSError:
         return program is None
     return True
+
+
+def _in_some_chroot(pid: int) -> bool:
+    """True if ``pid`` runs under another root than ours (so a host cluster never claims it)."""
+    try:
+        return os.readlink(f"/proc/{pid}/root") != os.readlink("/proc/self/root")
+    except OSError:
+        return False
 
 
 def port_free(port: int) -> bool:
@@ -106,28 +135,83 @@ class LocalCluster:
             config = ClusterConfig(**saved["config"]) if saved else ClusterConfig()
         self.config = config
         self._backend: CliBackend | None = None
+        self.chroot: ChrootRoot | None = None
+        if config.release is not None:
+            self.chroot = ChrootRoot(config.release, config.chroot_cache)
 
     # ----- paths and environment -------------------------------------------------------------
     @property
+    def data_dir(self) -> Path:
+        """Host path of the runtime files: the state dir, or a directory inside the chroot."""
+        if self.chroot is None:
+            return self.state_dir
+        root = self.chroot.path
+        if self.state_dir == root or root in self.state_dir.parents:
+            return self.state_dir
+        key = hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:10]
+        return root / "srv" / "slurm-elastic" / f"{self.state_dir.name}-{key}"
+
+    def inside(self, path: str | os.PathLike) -> str:
+        """``path`` as the cluster's daemons and tools see it (unchanged for the host's Slurm)."""
+        if self.chroot is None:
+            return str(Path(path).absolute())
+        return self.chroot.inside(path)
+
+    @property
+    def prefix(self) -> list[str]:
+        """argv prefix for running a Slurm program of this cluster: [] or ['chroot', ROOT]."""
+        return self.chroot.prefix() if self.chroot else []
+
+    def tool(self, name: str, *args: str) -> list[str]:
+        """argv of a Slurm client tool (squeue, scancel, sinfo, ...) of this cluster's version."""
+        return [*self.prefix, f"{self.config.bin}/{name}", *args]
+
+    def run_tool(self, name: str, *args: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(self.tool(name, *args), env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=check)
+
+    def job_dir(self, name: str | None = None) -> Path:
+        """A fresh world-readable directory for job scripts and output that this cluster's jobs can see."""
+        base = self.data_dir / "jobs"
+        base.mkdir(parents=True, exist_ok=True)
+        os.chmod(base, 0o755)
+        if name is None:
+            import tempfile
+
+            path = Path(tempfile.mkdtemp(prefix="job-", dir=base))
+        else:
+            path = base / name
+            path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o755)
+        return path
+
+    @property
     def conf_path(self) -> Path:
-        return self.state_dir / "etc" / "slurm.conf"
+        """Host path of slurm.conf (see ``env`` for the path the tools use)."""
+        return self.data_dir / "etc" / "slurm.conf"
 
     @property
     def munge_socket(self) -> Path:
-        return self.state_dir / "munge" / "munge.socket"
+        return self.data_dir / "munge" / "munge.socket"
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment for Slurm tools (and jobs) to talk to this cluster."""
+        """The environment for this cluster's Slurm tools (and jobs); SLURM_CONF is the tools' view."""
         env = dict(os.environ)
-        env["SLURM_CONF"] = str(self.conf_path)
+        env["SLURM_CONF"] = self.inside(self.conf_path)
         return env
 
     @property
     def backend(self) -> CliBackend:
         if self._backend is None:
-            self._backend = CliBackend(env={"SLURM_CONF": str(self.conf_path)}, bin_dir=self.config.bin)
+            self._backend = CliBackend(env={"SLURM_CONF": self.inside(self.conf_path)}, bin_dir=self.config.bin,
+                                       prefix=self.prefix)
         return self._backend
+
+    @property
+    def label(self) -> str:
+        """'host' or the chroot's release, for messages and test ids."""
+        return self.config.release or "host"
 
     # ----- state file ------------------------------------------------------------------------
     def _state_path(self) -> Path:
@@ -142,6 +226,7 @@ class LocalCluster:
             raise ClusterError(f"cannot read {self.state_dir / STATE_FILE}: {e}") from e
 
     def _save_state(self, pids: dict) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self._state_path().with_suffix(".tmp")
         tmp.write_text(json.dumps({"config": asdict(self.config), "pids": pids}, indent=2))
         os.replace(tmp, self._state_path())
@@ -151,9 +236,10 @@ class LocalCluster:
         return saved["pids"] if saved else {}
 
     # ----- config ------------------------------------------------------------------------------
-    def _slurm_version(self) -> tuple[int, int]:
+    def slurm_version(self) -> tuple[int, int]:
         out = subprocess.run(
-            [f"{self.config.sbin}/slurmctld", "-V"], capture_output=True, text=True, timeout=30, check=False
+            [*self.prefix, f"{self.config.sbin}/slurmctld", "-V"], capture_output=True, text=True, timeout=30,
+            check=False,
         ).stdout
         try:
             major, minor = out.split()[1].split(".")[:2]
@@ -161,12 +247,15 @@ class LocalCluster:
         except (IndexError, ValueError) as e:
             raise ClusterError(f"cannot read the Slurm version from 'slurmctld -V': {out!r}") from e
 
+    _slurm_version = slurm_version
+
     def write_config(self) -> None:
-        c, d = self.config, self.state_dir
+        c, d = self.config, self.data_dir
         for sub in ("etc", "ctld", "spool", "log", "run", "munge", "dev"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(d / "munge", 0o755)
         version = self._slurm_version()
+        i = self.inside  # paths as the daemons see them
         lines = [
             "# Written by slurm-elastic cluster up; regenerated on every up.",
             f"ClusterName={c.cluster_name}",
@@ -177,13 +266,13 @@ class LocalCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket},cred_expire={c.cred_expire}",
-            f"StateSaveLocation={d / 'ctld'}",
-            f"SlurmdSpoolDir={d / 'spool'}/%n",
-            f"SlurmctldPidFile={d / 'run'}/slurmctld.pid",
-            f"SlurmdPidFile={d / 'run'}/slurmd-%n.pid",
-            f"SlurmctldLogFile={d / 'log'}/slurmctld.log",
-            f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
+            f"AuthInfo=socket={i(self.munge_socket)},cred_expire={c.cred_expire}",
+            f"StateSaveLocation={i(d / 'ctld')}",
+            f"SlurmdSpoolDir={i(d / 'spool')}/%n",
+            f"SlurmctldPidFile={i(d / 'run')}/slurmctld.pid",
+            f"SlurmdPidFile={i(d / 'run')}/slurmd-%n.pid",
+            f"SlurmctldLogFile={i(d / 'log')}/slurmctld.log",
+            f"SlurmdLogFile={i(d / 'log')}/slurmd-%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc",
@@ -208,9 +297,9 @@ class LocalCluster:
         if c.job_submit_lua:
             shutil.copyfile(c.job_submit_lua, d / "etc" / "job_submit.lua")
             lines.append("JobSubmitPlugins=lua")
-        for i, name in enumerate(c.node_names()):
+        for n, name in enumerate(c.node_names()):
             lines.append(
-                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={c.slurmd_port(i)} "
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={c.slurmd_port(n)} "
                 f"CPUs={c.cpus_per_node} RealMemory={c.memory_mb} Gres=gpu:{c.gpus_per_node} State=UNKNOWN"
             )
         lines.append(f"PartitionName={c.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
@@ -224,40 +313,44 @@ class LocalCluster:
                 if not dev.exists():
                     os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
             last = c.gpus_per_node - 1
-            files = f"{devdir}/gpu[0-{last}]" if last > 0 else f"{devdir}/gpu0"
+            files = f"{i(devdir)}/gpu[0-{last}]" if last > 0 else f"{i(devdir)}/gpu0"
             gres.append(f"NodeName={name} Name=gpu File={files}")
         (d / "etc" / "slurm.conf").write_text("\n".join(lines) + "\n")
         (d / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
+        # 23.02+ slurmd needs a mounted cgroup fs unless the cgroup plugin is disabled.
         cgroup = ["CgroupPlugin=disabled"] if version >= (23, 2) else []
         (d / "etc" / "cgroup.conf").write_text("\n".join(cgroup + ["ConstrainDevices=no"]) + "\n")
 
     # ----- processes --------------------------------------------------------------------------
     def _spawn(self, argv: list[str], log_name: str, extra_env: dict | None = None) -> int:
-        log = open(self.state_dir / "log" / log_name, "ab")
+        log = open(self.data_dir / "log" / log_name, "ab")
         env = self.env
         env.update(extra_env or {})
+        # chroot(8) execs the program, so the pid is the daemon's own.
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            [*self.prefix, *argv], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
         )
         log.close()
         return proc.pid
 
     def _start_munge(self) -> int:
-        d = self.state_dir / "munge"
+        d = self.data_dir / "munge"
         key = d / "munge.key"
         if not key.exists():
             with open(key, "wb") as f:
                 f.write(os.urandom(1024))
             os.chmod(key, 0o600)
+        i = self.inside
         argv = [
             f"{self.config.sbin}/munged",
             "--foreground",
             "--force",
-            f"--socket={self.munge_socket}",
-            f"--key-file={key}",
-            f"--pid-file={d / 'munged.pid'}",
-            f"--log-file={self.state_dir / 'log' / 'munged.log'}",
-            f"--seed-file={d / 'munged.seed'}",
+            f"--socket={i(self.munge_socket)}",
+            f"--key-file={i(key)}",
+            f"--pid-file={i(d / 'munged.pid')}",
+            f"--log-file={i(self.data_dir / 'log' / 'munged.log')}",
+            f"--seed-file={i(d / 'munged.seed')}",
         ]
         pid = self._spawn(argv, "munged.out")
         self._wait(lambda: self.munge_socket.exists(), 20, "munged did not create its socket", "munged.log")
@@ -272,10 +365,13 @@ class LocalCluster:
         tail = ""
         if log:
             try:
-                tail = "\n" + "\n".join((self.state_dir / "log" / log).read_text(errors="replace").splitlines()[-15:])
+                tail = "\n" + "\n".join((self.data_dir / "log" / log).read_text(errors="replace").splitlines()[-15:])
             except OSError:
                 pass
         raise ClusterError(f"{what} within {timeout:.0f} s{tail}")
+
+    def _alive(self, pid: int, program: str) -> bool:
+        return _pid_alive(pid, program, str(self.chroot.path) if self.chroot else None)
 
     def running(self) -> dict[str, bool]:
         """Which recorded daemons are still alive: {'munged': True, 'slurmctld': ..., 'slurmd:node1': ...}."""
@@ -283,9 +379,9 @@ class LocalCluster:
         out = {}
         for key in ("munged", "slurmctld"):
             if key in pids:
-                out[key] = _pid_alive(pids[key], key)
+                out[key] = self._alive(pids[key], key)
         for name, pid in pids.get("slurmd", {}).items():
-            out[f"slurmd:{name}"] = _pid_alive(pid, "slurmd")
+            out[f"slurmd:{name}"] = self._alive(pid, "slurmd")
         return out
 
     def is_up(self) -> bool:
@@ -293,8 +389,15 @@ class LocalCluster:
         expected = 2 + self.config.nodes
         return len(alive) == expected and all(alive.values())
 
+    def any_alive(self) -> bool:
+        return any(self.running().values())
+
     def up(self, timeout: float = 90) -> bool:
-        """Start the cluster and wait until every node is idle. Returns False if it was already up."""
+        """Start the cluster and wait until every node is idle. Returns False if it was already up.
+
+        For a chroot release, the root is built first if it is not cached yet (debootstrap, about a
+        minute), and /proc, /dev, /sys are bind-mounted into it.
+        """
         if os.geteuid() != 0:
             raise ClusterError("the local cluster runs slurmd as root (mknod, SlurmdUser=root): run as root")
         if self.is_up():
@@ -306,29 +409,43 @@ class LocalCluster:
             # Half up (e.g. a slurmd died): stop what is ours and start cleanly.
             self.down()
         c = self.config
-        for port in [c.ctld_port] + [c.slurmd_port(i) for i in range(c.nodes)]:
+        for port in [c.ctld_port] + [c.slurmd_port(n) for n in range(c.nodes)]:
             if not port_free(port):
                 raise ClusterError(
                     f"port {port} is in use by another program; choose another --port (slurmctld port; "
                     f"slurmd ports follow it)"
                 )
-        for tool in ("slurmctld", "slurmd", "munged"):
-            if not os.access(f"{c.sbin}/{tool}", os.X_OK):
-                raise ClusterError(f"{c.sbin}/{tool} not found: install slurm-wlm and munge (apt-get install slurm-wlm munge)")
-        self.write_config()
+        if self.chroot is not None:
+            try:
+                self.chroot.ensure()
+            except ChrootError as e:
+                raise ClusterError(str(e)) from e
+        base = self.chroot.path if self.chroot else Path("/")
+        for d, tool in ((c.sbin, "slurmctld"), (c.sbin, "slurmd"), (c.sbin, "munged"), (c.bin, "sbatch")):
+            if not os.access(base / d.lstrip("/") / tool, os.X_OK):
+                raise ClusterError(f"{base / d.lstrip('/') / tool} not found: install slurm-wlm and munge "
+                                   f"(apt-get install slurm-wlm munge)")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         pids: dict = {}
         try:
+            if self.chroot is not None:
+                self._save_state(pids)  # so that the mount holder list can see this cluster
+                try:
+                    self.chroot.acquire(str(self.state_dir))
+                except ChrootError as e:
+                    raise ClusterError(str(e)) from e
+            self.write_config()
             pids["munged"] = self._start_munge()
             self._save_state(pids)
             pids["slurmctld"] = self._spawn(
-                [f"{c.sbin}/slurmctld", "-D", "-f", str(self.conf_path)], "slurmctld.out"
+                [f"{c.sbin}/slurmctld", "-D", "-f", self.inside(self.conf_path)], "slurmctld.out"
             )
             self._save_state(pids)
             self._wait(self._ctld_answers, 30, "slurmctld did not answer", "slurmctld.log")
             pids["slurmd"] = {}
             for name in c.node_names():
                 pids["slurmd"][name] = self._spawn(
-                    [f"{c.sbin}/slurmd", "-D", "-N", name, "-f", str(self.conf_path)], f"slurmd-{name}.out"
+                    [f"{c.sbin}/slurmd", "-D", "-N", name, "-f", self.inside(self.conf_path)], f"slurmd-{name}.out"
                 )
                 self._save_state(pids)
             self._wait_nodes_idle(timeout)
@@ -339,9 +456,8 @@ class LocalCluster:
         return True
 
     def _ctld_answers(self) -> bool:
-        r = subprocess.run(
-            [f"{self.config.bin}/scontrol", "ping"], env=self.env, capture_output=True, text=True, timeout=30, check=False
-        )
+        r = subprocess.run(self.tool("scontrol", "ping"), env=self.env, capture_output=True, text=True, timeout=30,
+                           check=False)
         return "is UP" in r.stdout
 
     def _wait_nodes_idle(self, timeout: float) -> None:
@@ -357,23 +473,65 @@ class LocalCluster:
 
         self._wait(idle, timeout, "not every node became idle", "slurmctld.log")
 
+    def cancel_jobs(self, timeout: float = 20) -> list[int]:
+        """Cancel every active job of this cluster (through its own slurmctld) and wait for them to end.
+
+        Called by ``down`` so that no job step (slurmstepd) of this cluster outlives its slurmd.
+        """
+        try:
+            ids = [j.job_id for j in self.backend.list_jobs()]
+        except Exception:
+            return []
+        if not ids:
+            return []
+        self.run_tool("scancel", *map(str, ids), timeout=30)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if not self.backend.list_jobs():
+                    break
+            except Exception:
+                break
+            time.sleep(0.3)
+        return ids
+
     def down(self, timeout: float = 30) -> list[str]:
-        """Stop the daemons this cluster started (by recorded pid), slurmd first. Returns what was stopped."""
+        """Stop the daemons this cluster started (by recorded pid), slurmd first. Returns what was stopped.
+
+        Jobs still active in this cluster are cancelled first. For a chroot cluster, the bind mounts
+        are removed when no other cluster of the same root is still up.
+        """
         pids = self.pids()
+        alive = self.running()
+        if alive.get("slurmctld") and any(v for k, v in alive.items() if k.startswith("slurmd:")):
+            self.cancel_jobs()
         order = [(f"slurmd:{n}", p, "slurmd") for n, p in pids.get("slurmd", {}).items()]
         order += [("slurmctld", pids.get("slurmctld"), "slurmctld"), ("munged", pids.get("munged"), "munged")]
         stopped = []
         for label, pid, program in order:
-            if pid and _pid_alive(pid, program):
+            if pid and self._alive(pid, program):
                 os.kill(pid, signal.SIGTERM)
                 stopped.append(label)
                 deadline = time.monotonic() + timeout
-                while _pid_alive(pid, program) and time.monotonic() < deadline:
+                while self._alive(pid, program) and time.monotonic() < deadline:
                     time.sleep(0.1)
-                if _pid_alive(pid, program):
+                if self._alive(pid, program):
                     os.kill(pid, signal.SIGKILL)
         if pids:
             self._save_state({})
+        if self.chroot is not None:
+            me = str(self.state_dir)
+
+            def still_up(holder: str) -> bool:
+                try:
+                    return holder != me and LocalCluster(holder).any_alive()
+                except Exception:
+                    return False
+
+            try:
+                self.chroot.release_holder(me, still_up)
+            except ChrootError as e:
+                raise ClusterError(str(e)) from e
         return stopped
 
     def status(self) -> dict:
@@ -382,14 +540,20 @@ class LocalCluster:
         info = {
             "state_dir": str(self.state_dir),
             "slurm_conf": str(self.conf_path),
+            "slurm": self.label,
             "up": self.is_up(),
             "daemons": [],
             "nodes": [],
         }
+        if self.chroot is not None:
+            info["chroot"] = str(self.chroot.path)
+            info["slurm_conf_inside"] = self.inside(self.conf_path)
+            info["mounts"] = self.chroot.mounted()
         for key, alive in self.running().items():
             pid = pids["slurmd"][key.split(":", 1)[1]] if key.startswith("slurmd:") else pids[key]
             info["daemons"].append({"name": key, "pid": pid, "alive": alive})
         if info["up"]:
+            info["version"] = self.backend.version()
             for n in self.backend.list_nodes():
                 info["nodes"].append(
                     {"name": n.name, "state": n.state, "gpus_total": n.gpus_total, "gpus_used": n.gpus_used,
@@ -398,12 +562,34 @@ class LocalCluster:
         return info
 
     # ----- helpers for tests and the demo ------------------------------------------------------
+    def _translate(self, arg: str) -> str:
+        """Host paths within the chroot, alone or as '--opt=PATH', rewritten to the inside view."""
+        if self.chroot is None:
+            return arg
+        root = str(self.chroot.path).rstrip("/") + "/"
+        opt, eq, value = arg.partition("=")
+        if arg.startswith(root):
+            return self.chroot.inside(arg)
+        if eq and opt.startswith("-") and value.startswith(root):
+            return f"{opt}={self.chroot.inside(value)}"
+        return arg
+
     def sbatch(self, argv: list[str], cwd: str | os.PathLike | None = None, user: str | None = None) -> int:
-        """Submit with ``sbatch --parsable`` (argv list, never a shell) and return the job id."""
-        cmd = [f"{self.config.bin}/sbatch", "--parsable", *argv]
+        """Submit with ``sbatch --parsable`` (argv list, never a shell) and return the job id.
+
+        For a chroot cluster, paths in ``argv`` and ``cwd`` must lie inside the root (see ``job_dir``);
+        they are translated to what the tools inside see.
+        """
+        cmd = [f"{self.config.bin}/sbatch", "--parsable", *(self._translate(str(a)) for a in argv)]
         if user is not None:
             cmd = ["runuser", "-u", user, "--", *cmd]
-        r = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60, cwd=cwd, check=False)
+        run_cwd = cwd
+        if self.chroot is not None:
+            if cwd is not None:
+                cmd = ["/usr/bin/env", f"--chdir={self.inside(cwd)}", *cmd]
+            cmd = [*self.prefix, *cmd]
+            run_cwd = None
+        r = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60, cwd=run_cwd, check=False)
         if r.returncode != 0:
             raise ClusterError(f"sbatch failed (exit {r.returncode}): {r.stderr.strip()}")
         return int(r.stdout.strip().split(";")[0])
@@ -418,3 +604,15 @@ class LocalCluster:
                 return job
             time.sleep(poll)
         raise TimeoutError(f"job {job_id} did not reach the expected state in {timeout:.0f} s; last: {job}")
+
+
+def resolve_release(slurm: str | None) -> str | None:
+    """'host' (or None, or the host's own codename) -> None; another Debian codename -> itself."""
+    if slurm in (None, "", "host"):
+        return None
+    try:
+        if slurm == host_release():
+            return None
+    except ChrootError:
+        pass
+    return slurm

@@ -46,9 +46,13 @@ class CliBackend(SlurmBackend):
         retries: int = 3,
         retry_delay: float = 1.0,
         runner=subprocess.run,
+        prefix: Sequence[str] = (),
     ):
+        """``prefix`` is put before every command, e.g. ``["chroot", ROOT]`` for a Slurm in a chroot
+        (then ``bin_dir`` and the paths in ``env`` are as seen inside it)."""
         self.env = {**os.environ, **(env or {})}
         self.bin_dir = bin_dir
+        self.prefix = [str(p) for p in prefix]
         self.timeout = timeout
         self.retries = retries
         self.retry_delay = retry_delay
@@ -57,7 +61,7 @@ class CliBackend(SlurmBackend):
 
     # ----- plumbing ---------------------------------------------------------------------------
     def _call(self, tool: str, args: Sequence[str], *, retry: bool = True) -> str:
-        argv = [os.path.join(self.bin_dir, tool), *args]
+        argv = [*self.prefix, os.path.join(self.bin_dir, tool), *args]
         attempts = 1 + (self.retries if retry else 0)
         last: SlurmError | None = None
         for attempt in range(attempts):
@@ -71,7 +75,7 @@ class CliBackend(SlurmBackend):
                                     else (e.stderr or ""))
                 continue
             except FileNotFoundError as e:
-                raise SlurmError(f"{tool} is not installed at {argv[0]}", argv=argv) from e
+                raise SlurmError(f"{tool} is not installed at {argv[len(self.prefix)]}", argv=argv) from e
             if r.returncode == 0:
                 return r.stdout
             err = SlurmError(f"{tool} failed", argv=argv, returncode=r.returncode, stderr=r.stderr)
