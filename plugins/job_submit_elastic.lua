@@ -151,17 +151,17 @@ function elastic_spec_error(comment)
   return nil
 end
 
-function slurm_job_submit(job_desc, part_list, submit_uid)
+local function job_submit(job_desc, part_list, submit_uid)
   if not is_elastic(job_desc.comment) then
     return slurm.SUCCESS
   end
   local err = elastic_spec_error(job_desc.comment)
   if err then
-    slurm.log_user(err)
+    slurm.log_user("%s", err)
     return slurm.ERROR
   end
   if job_desc.requeue ~= 1 then
-    slurm.log_user("slurm-elastic: elastic jobs must be submitted with --requeue (the daemon resizes them by requeueing)")
+    slurm.log_user("%s", "slurm-elastic: elastic jobs must be submitted with --requeue (the daemon resizes them by requeueing)")
     return slurm.ERROR
   end
   job_desc.priority = 0 -- held until the slurm-elastic daemon places it
@@ -169,7 +169,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   return slurm.SUCCESS
 end
 
-function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+local function job_modify(job_desc, job_rec, part_list, modify_uid)
   if DAEMON_UIDS[modify_uid] then
     return slurm.SUCCESS
   end
@@ -177,17 +177,40 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   if job_desc.comment ~= nil and is_elastic(job_desc.comment) then
     local err = elastic_spec_error(job_desc.comment)
     if err then
-      slurm.log_user(err)
+      slurm.log_user("%s", err)
       return slurm.ERROR
     end
     elastic_now = true
   end
   if elastic_now and job_desc.priority ~= nil and job_desc.priority ~= slurm.NO_VAL then
-    slurm.log_user("slurm-elastic: job " .. tostring(job_rec.job_id) ..
+    slurm.log_user("%s", "slurm-elastic: job " .. tostring(job_rec.job_id) ..
                    " is elastic; the slurm-elastic daemon starts and releases it")
     return slurm.ERROR
   end
   return slurm.SUCCESS
+end
+
+-- Fail closed: after an error inside this script Slurm logs it and accepts the job, unheld; for an
+-- elastic job we reject it instead, so that it never starts behind the daemon's back.
+local function guarded(fn, comment, ...)
+  local ok, result = pcall(fn, ...)
+  if ok then return result end
+  slurm.log_error("slurm-elastic job_submit.lua: %s", tostring(result))
+  if is_elastic(comment) then
+    slurm.log_user("%s", "slurm-elastic: internal error while checking the elastic spec; request refused")
+    return slurm.ERROR
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  return guarded(job_submit, job_desc.comment, job_desc, part_list, submit_uid)
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  local comment = job_desc.comment
+  if comment == nil and job_rec ~= nil then comment = job_rec.comment end
+  return guarded(job_modify, comment, job_desc, job_rec, part_list, modify_uid)
 end
 
 return slurm.SUCCESS
