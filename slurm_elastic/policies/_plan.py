@@ -188,6 +188,7 @@ def make_plan(
         if req.running_batch is None or req.running_batch == int(tabs[j].batch[ti]):
             keep[flat] = True  # its best batch is what it runs: keeping costs nothing
             continue
+        values[flat] *= factor[p]  # re-batching on the same count is a restart too
         if req.spec.split_batch(req.running_gpus, req.running_batch) is None or cur is None:
             continue  # cannot keep what it runs now (out of range): any start is a restart
         cur_v = cur
