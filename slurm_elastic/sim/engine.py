@@ -25,9 +25,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from slurm_elastic import enact
 from slurm_elastic.backends.base import JobRecord
 from slurm_elastic.backends.simulated import SimJob, SimulatedSlurm
-from slurm_elastic.enact import CycleState, Enactor, run_cycle
+from slurm_elastic.enact import CycleState, Enactor
 from slurm_elastic.planner import PlannerConfig
 from slurm_elastic.policies.base import Policy
 from slurm_elastic.profiles import model_for_spec
@@ -175,7 +176,7 @@ class Simulation:
             if enactor.in_flight:
                 enactor.poll()
             if t >= next_tick:
-                res = run_cycle(
+                res = enact.run_cycle(  # the daemon's cycle
                     backend, self.policy, enactor, state, model_for=model_for, now=backend.now,
                     planner_config=cfg.planner, default_restart_s=cfg.rescale_cost_s,
                     horizon_s=cfg.plan_horizon_s,

@@ -11,13 +11,14 @@ from slurm_elastic.spec import Decision
 
 MODEL = LinearModel()
 SPEC = toy_spec(max_gpus=8)
+COMMENT = SPEC.to_comment()
 
 
 def node(name, gpus=4, used=0, state="IDLE", flags=(), parts=("gpu",)):
     return NodeRecord(name, state, flags, gpus, used, 8, parts)
 
 
-def job(i, state="PENDING", gpus=0, nodes=(), comment=SPEC.to_comment(), held=True, admin="", submit=None, part="gpu"):
+def job(i, state="PENDING", gpus=0, nodes=(), comment=COMMENT, held=True, admin="", submit=None, part="gpu"):
     gpn = gpus // max(1, len(nodes)) if nodes else gpus
     return JobRecord(job_id=i, name=f"j{i}", user="u", partition=part, state=state, gpus_per_node=gpn,
                      gpus_total=gpus, node_count=max(1, len(nodes)), nodes=tuple(nodes), comment=comment,
