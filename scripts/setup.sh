@@ -8,7 +8,7 @@ need_apt=()
 for tool in /usr/sbin/slurmctld:slurm-wlm /usr/sbin/slurmd:slurm-wlm /usr/bin/sbatch:slurm-client \
             /usr/sbin/munged:munge /usr/sbin/debootstrap:debootstrap /usr/bin/lua5.1:lua5.1 \
             /usr/lib/x86_64-linux-gnu/slurm-wlm/job_submit_lua.so:slurm-wlm-basic-plugins; do
-  [ -x "${tool%%:*}" ] || need_apt+=("${tool##*:}")
+  [ -e "${tool%%:*}" ] || need_apt+=("${tool##*:}")
 done
 # Slurm's job_submit/lua plugin is in slurm-wlm-basic-plugins; the lua runtime comes with it.
 if [ ${#need_apt[@]} -gt 0 ]; then
