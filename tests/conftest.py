@@ -3,6 +3,16 @@
 The cluster lives in a fresh temporary state dir on free ports, so it never touches a cluster that a
 developer has running; it is stopped (by pid) at the end of the session. Tests marked ``slurm`` are
 skipped with a clear reason when Slurm is not installed or the tests do not run as root.
+
+``versioned_cluster`` is the same cluster parametrized over every Slurm version of this machine: the
+host's (``host``, which is ``slurm_cluster`` itself) and the other Debian release's Slurm in a
+debootstrap chroot (``trixie`` on Debian 12 -> 24.11, ``bookworm`` on Debian 13 -> 22.05; see
+slurm_elastic/chroot.py). The chroot is built by ``slurm-elastic cluster prepare`` (scripts/setup.sh
+runs it); when it is missing the chroot cases are skipped, except under
+``SLURM_ELASTIC_REQUIRE_SLURM=1`` (CI), where the fixture builds it (once, under a lock).
+``SLURM_ELASTIC_SLURM_VERSIONS=host`` (comma-separated) restricts the versions.
+Job scripts for a versioned cluster must lie where its daemons see them: use ``versioned_job_dir``
+(or ``cluster.job_dir()``), and run Slurm tools with ``cluster.tool(...)``/``cluster.run_tool(...)``.
 """
 
 from __future__ import annotations
@@ -64,23 +74,74 @@ def slurm_cluster():
 
 def _cancel_all(cluster) -> None:
     """Cancel the jobs the test session submitted to its own cluster, so no slurmstepd outlives it."""
-    import subprocess
+    cluster.cancel_jobs(timeout=30)
+
+
+def _chroot_release() -> str | None:
+    from slurm_elastic.chroot import ChrootError, other_release
 
     try:
-        jobs = cluster.backend.list_jobs()
-    except Exception:
+        return other_release()
+    except ChrootError:
+        return None
+
+
+def slurm_versions() -> list[str]:
+    """The versions ``versioned_cluster`` runs over: 'host' and the chroot release (if this is Debian)."""
+    wanted = os.environ.get("SLURM_ELASTIC_SLURM_VERSIONS")
+    versions = ["host"]
+    other = _chroot_release()
+    if other:
+        versions.append(other)
+    if wanted:
+        versions = [v for v in versions if v in wanted.split(",")]
+    return versions
+
+
+@pytest.fixture(scope="session", params=slurm_versions())
+def versioned_cluster(request):
+    """A running 4 x 4 LocalCluster for each Slurm version of this machine (ids: host, trixie|bookworm)."""
+    if request.param == "host":
+        yield request.getfixturevalue("slurm_cluster")
         return
-    ids = [str(j.job_id) for j in jobs]
-    if ids:
-        subprocess.run(["/usr/bin/scancel", *ids], env=cluster.env, capture_output=True, timeout=30, check=False)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if not cluster.backend.list_jobs():
-                    break
-            except Exception:
-                break
-            time.sleep(0.5)
+    from slurm_elastic.chroot import ChrootRoot
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+
+    require = os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1"
+    if os.geteuid() != 0:
+        pytest.skip("a chroot cluster needs root")
+    root = ChrootRoot(request.param)
+    if not root.is_complete():
+        if not require:
+            pytest.skip(f"no {request.param} chroot in {root.path}: run "
+                        f"'slurm-elastic cluster prepare --slurm {request.param}' (scripts/setup.sh does)")
+        t0 = time.monotonic()
+        info = root.ensure()
+        print(f"\nbuilt the {request.param} chroot in {time.monotonic() - t0:.0f} s: {info}")
+    base = root.path / "srv" / "slurm-elastic"
+    base.mkdir(parents=True, exist_ok=True)
+    state = Path(tempfile.mkdtemp(prefix="se-test-", dir=base))  # inside the root: the daemons see it
+    port = find_free_port_block(8, start=22000)
+    cluster = LocalCluster(state, ClusterConfig(nodes=4, gpus_per_node=4, ctld_port=port, cred_expire=10,
+                                                release=request.param))
+    t0 = time.monotonic()
+    cluster.up()
+    print(f"\n{request.param} cluster up in {time.monotonic() - t0:.1f} s: Slurm {cluster.backend.version()}")
+    try:
+        yield cluster
+    finally:
+        _cancel_all(cluster)
+        cluster.down()
+        if os.environ.get("SLURM_ELASTIC_KEEP_CLUSTER") != "1":
+            shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+def versioned_job_dir(versioned_cluster):
+    """A fresh job directory that the versioned cluster's daemons (and sbatch) can see."""
+    path = versioned_cluster.job_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,6 +1,11 @@
-"""Against a real local Slurm (no mocks): the cluster itself, and the backend's reads and actions."""
+"""Against a real local Slurm (no mocks): the cluster itself, and the backend's reads and actions.
+
+Tests taking ``versioned_cluster`` run once per Slurm version of the machine: the host's, and the
+other Debian release's in a chroot (conftest.py), so both JSON dialects are exercised live.
+"""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -30,30 +35,48 @@ def write_script(job_dir, text=REPORT, name="job.sh"):
 
 
 def scancel(cluster, *ids):
-    subprocess.run(["/usr/bin/scancel", *map(str, ids)], env=cluster.env, capture_output=True, timeout=30, check=False)
+    cluster.run_tool("scancel", *map(str, ids), timeout=30)
 
 
-def test_sinfo_lists_sixteen_idle_gpus(slurm_cluster):
-    out = subprocess.run(["/usr/bin/sinfo", "-h", "-N", "-o", "%N %t %G"], env=slurm_cluster.env,
-                         capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")
+def test_sinfo_lists_sixteen_idle_gpus(versioned_cluster):
+    c = versioned_cluster
+    out = c.run_tool("sinfo", "-h", "-N", "-o", "%N %t %G", check=True, timeout=30).stdout.split("\n")
     rows = [line.split() for line in out if line.strip()]
     assert [r[0] for r in rows] == ["node1", "node2", "node3", "node4"]
     assert all(r[2] == "gpu:4" for r in rows)
-    nodes = slurm_cluster.backend.list_nodes()
-    assert sum(n.gpus_total for n in nodes) == 16
-    assert all(n.state == "IDLE" for n in nodes) or any(j.is_active for j in slurm_cluster.backend.list_jobs())
+    nodes = c.backend.list_nodes()
+    assert [n.name for n in nodes] == ["node1", "node2", "node3", "node4"]
+    assert sum(n.gpus_total for n in nodes) == 16 and all(n.partitions == ("gpu",) for n in nodes)
+    assert all(n.state == "IDLE" for n in nodes) or any(j.is_active for j in c.backend.list_jobs())
 
 
-def test_second_up_is_a_no_op(slurm_cluster):
-    before = slurm_cluster.pids()
-    again = LocalCluster(slurm_cluster.state_dir)
+def test_backend_talks_to_the_version_it_was_started_with(versioned_cluster):
+    """The chroot cluster really runs the other release's Slurm (not the host's tools by accident)."""
+    c = versioned_cluster
+    version = c.backend.version_tuple()
+    ctld = c.slurm_version()
+    print(f"{c.label}: squeue {c.backend.version()}, slurmctld {ctld}")
+    assert version[:2] == ctld
+    raw = c.backend.raw_jobs()
+    meta = raw["meta"].get("Slurm") or raw["meta"].get("slurm")
+    assert int(meta["version"]["major"]) == version[0] and int(meta["version"]["minor"]) == version[1]
+    if c.chroot is not None:
+        assert c.pids()["slurmctld"] and os.readlink(f"/proc/{c.pids()['slurmctld']}/root") == str(c.chroot.path)
+        if os.access("/usr/sbin/slurmctld", os.X_OK):  # the host's own Slurm is another version
+            host = subprocess.run(["/usr/sbin/slurmctld", "-V"], capture_output=True, text=True, timeout=30).stdout
+            assert host.split()[1].split(".")[:2] != [str(ctld[0]), f"{ctld[1]:02d}"], host
+
+
+def test_second_up_is_a_no_op(versioned_cluster):
+    before = versioned_cluster.pids()
+    again = LocalCluster(versioned_cluster.state_dir)
     assert again.up() is False
     assert again.pids() == before
-    assert again.config == slurm_cluster.config
+    assert again.config == versioned_cluster.config
 
 
-def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(slurm_cluster, job_dir):
-    c, b = slurm_cluster, slurm_cluster.backend
+def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(versioned_cluster, versioned_job_dir):
+    c, b, job_dir = versioned_cluster, versioned_cluster.backend, versioned_job_dir
     log = job_dir / "out.txt"
     jid = c.sbatch(["--requeue", "--open-mode=append", "-o", str(log), "--gres=gpu:2", f"--comment={SPEC}",
                     str(write_script(job_dir))], cwd=job_dir)
@@ -71,7 +94,7 @@ def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(slurm_clus
         b.release(jid)
         job = c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=15)
         restart_s = time.monotonic() - t0
-        print(f"restarted {restart_s:.1f} s after release")
+        print(f"{c.label} (Slurm {b.version()}): restarted {restart_s:.1f} s after release")
         assert (job.gpus_per_node, job.gpus_total, job.node_count, job.restart_count) == (4, 8, 2, 1)
         assert len(job.nodes) == 2 and not job.held
         assert parse_decision(job.admin_comment, jid) == decision
@@ -88,8 +111,8 @@ def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(slurm_clus
         scancel(c, jid)
 
 
-def test_held_job_and_admin_comment_round_trip(slurm_cluster, job_dir):
-    c, b = slurm_cluster, slurm_cluster.backend
+def test_held_job_and_admin_comment_round_trip(versioned_cluster, versioned_job_dir):
+    c, b, job_dir = versioned_cluster, versioned_cluster.backend, versioned_job_dir
     jid = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC}", "-o", "/dev/null", str(write_script(job_dir))])
     try:
         job = b.get_job(jid)
@@ -106,8 +129,8 @@ def test_held_job_and_admin_comment_round_trip(slurm_cluster, job_dir):
         scancel(c, jid)
 
 
-def test_non_requeueable_job_is_refused_and_keeps_running(slurm_cluster, job_dir):
-    c, b = slurm_cluster, slurm_cluster.backend
+def test_non_requeueable_job_is_refused_and_keeps_running(versioned_cluster, versioned_job_dir):
+    c, b, job_dir = versioned_cluster, versioned_cluster.backend, versioned_job_dir
     jid = c.sbatch(["--no-requeue", "--gres=gpu:1", "-o", "/dev/null", str(write_script(job_dir))])
     try:
         c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=30)
@@ -119,12 +142,12 @@ def test_non_requeueable_job_is_refused_and_keeps_running(slurm_cluster, job_dir
         scancel(c, jid)
 
 
-def test_failing_scontrol_gives_a_typed_error_with_stderr(slurm_cluster):
+def test_failing_scontrol_gives_a_typed_error_with_stderr(versioned_cluster):
     with pytest.raises(SlurmError) as e:
-        slurm_cluster.backend.release(999999)
+        versioned_cluster.backend.release(999999)
     assert e.value.returncode != 0 and e.value.stderr and "999999" in " ".join(e.value.argv)
     with pytest.raises(SlurmError) as e:
-        slurm_cluster.backend.update_job(999999, gpus_per_node=2)
+        versioned_cluster.backend.update_job(999999, gpus_per_node=2)
     assert "Invalid job id" in e.value.stderr or "invalid" in e.value.stderr.lower()
 
 
@@ -152,24 +175,32 @@ def test_status_command_shows_elastic_jobs(slurm_cluster, job_dir):
         scancel(c, jid, bad, plain)
 
 
-def test_down_stops_only_its_own_processes(slurm_cluster, tmp_path):
-    """A second small cluster: its down() leaves the session cluster and an unrelated process alive."""
+def test_down_stops_only_its_own_processes(versioned_cluster, tmp_path):
+    """A second small cluster of the same version: its down() leaves the session cluster (and, for a
+    chroot, the bind mounts that the session cluster still needs) and an unrelated process alive."""
+    c = versioned_cluster
     bystander = subprocess.Popen(["sleep", "60"])
-    second = LocalCluster(tmp_path / "c2", ClusterConfig(nodes=2, gpus_per_node=2,
-                                                         ctld_port=find_free_port_block(4, start=26000)))
+    state = tmp_path / "c2" if c.chroot is None else c.chroot.path / "srv" / "slurm-elastic" / f"c2-{os.getpid()}"
+    second = LocalCluster(state, ClusterConfig(nodes=2, gpus_per_node=2, release=c.config.release,
+                                               ctld_port=find_free_port_block(4, start=26000)))
     try:
         assert second.up() is True
         pids = second.pids()
         assert len(pids["slurmd"]) == 2
+        assert second.backend.version() == c.backend.version()
         stopped = second.down()
         assert set(stopped) == {"munged", "slurmctld", "slurmd:node1", "slurmd:node2"}
         for pid in [pids["munged"], pids["slurmctld"], *pids["slurmd"].values()]:
             assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
         assert bystander.poll() is None
-        assert slurm_cluster.is_up() and slurm_cluster.backend.list_nodes()
-        assert (tmp_path / "c2" / "etc" / "slurm.conf").exists()  # down removes nothing
+        assert c.is_up() and c.backend.list_nodes()
+        if c.chroot is not None:
+            assert c.chroot.mounted() == ["proc", "dev", "sys"]  # still held by the session cluster
+        assert (second.conf_path).exists()  # down removes nothing
         assert second.down() == []  # a second down has nothing to stop
     finally:
         second.down()
         bystander.kill()
         bystander.wait()
+        if c.chroot is not None:
+            shutil.rmtree(state, ignore_errors=True)
