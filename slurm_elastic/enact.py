@@ -39,6 +39,16 @@ class CheckpointAck(Protocol):
         """True once the job has written its checkpoint after the USR2 it was sent."""
 
 
+class Journal(Protocol):
+    """Where a durable driver records each step *before* it is taken (the daemon: SQLite intents)."""
+
+    def step(self, action: pl.Action, step: str) -> None:
+        """About to take ``step`` ("signal", "requeue_hold", "update", "release") of ``action``."""
+
+    def finish(self, action: pl.Action, status: str, message: str) -> None:
+        """``action`` ended with ``status`` ("done", "timeout", "error")."""
+
+
 @dataclass(frozen=True)
 class ActionResult:
     action: pl.Action
@@ -64,6 +74,7 @@ class Enactor:
         clock: Callable[[], float] = time.monotonic,
         ack_timeout_s: float = 300.0,
         signal: str = "USR2",
+        journal: Journal | None = None,
     ):
         self.backend = backend
         if ack is None:
@@ -76,6 +87,15 @@ class Enactor:
         self.signal_name = signal
         self.in_flight: dict[int | str, _InFlight] = {}
         self.log: list[ActionResult] = []
+        self.journal = journal
+
+    def _step(self, action, step: str) -> None:
+        if self.journal is not None:
+            self.journal.step(action, step)
+
+    def adopt(self, action: pl.Resize | pl.Preempt, signalled_at: float) -> None:
+        """Take over a resize that was signalled before a restart of the driver (crash recovery)."""
+        self.in_flight[action.job_id] = _InFlight(action, signalled_at)
 
     def in_flight_targets(self) -> dict[int | str, int]:
         return {j: (f.action.gpus if isinstance(f.action, pl.Resize) else 0) for j, f in self.in_flight.items()}
@@ -83,16 +103,22 @@ class Enactor:
     def _result(self, action, status, message="") -> ActionResult:
         r = ActionResult(action, status, message, self.clock())
         self.log.append(r)
+        if self.journal is not None and status != "begun":
+            self.journal.finish(action, status, message)
         return r
 
     def _place(self, a: pl.Start | pl.Resize) -> None:
+        # One task per GPU: the job's task count follows its GPUs (srun inside inherits it).
+        self._step(a, "update")
         self.backend.update_job(
             a.job_id,
             gpus_per_node=a.gpus_per_node,
             num_nodes=a.nodes,
+            num_tasks=a.gpus,
             start_now=True,
             admin_comment=a.decision.to_admin_comment(),
         )
+        self._step(a, "release")
         self.backend.release(a.job_id)
 
     def apply(self, actions: Iterable[pl.Action]) -> list[ActionResult]:
@@ -108,6 +134,7 @@ class Enactor:
                     self._place(a)
                     out.append(self._result(a, "done"))
                 else:
+                    self._step(a, "signal")
                     self.backend.signal(a.job_id, self.signal_name)
                     self.in_flight[a.job_id] = _InFlight(a, self.clock())
                     out.append(self._result(a, "begun", f"sent {self.signal_name}, waiting for checkpoint"))
@@ -136,6 +163,7 @@ class Enactor:
                 continue
             del self.in_flight[job_id]
             try:
+                self._step(a, "requeue_hold")
                 self.backend.requeue_hold(job_id)
                 if isinstance(a, pl.Resize):
                     self._place(a)

@@ -56,7 +56,7 @@ def test_start_is_update_then_release():
     assert [r.status for r in res] == ["done"]
     assert b.calls == [
         ("update_job", 7, ("admin_comment", D.to_admin_comment()), ("gpus_per_node", 4), ("num_nodes", 2),
-         ("start_now", True)),
+         ("num_tasks", 8), ("start_now", True)),
         ("release", 7),
     ]
 
