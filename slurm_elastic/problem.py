@@ -87,6 +87,22 @@ class SpecCache:
             raise SpecError(hit.reason, job_id=job_id, field=hit.field)
         return hit
 
+    def running_samples_per_s(self, model: ThroughputModel, spec: ElasticSpec, gpus: int, batch: int, size: int) -> float:
+        """Throughput of ``spec`` on ``gpus`` GPUs at global ``batch`` (0 when the batch cannot run there)."""
+        key = (model, spec, gpus, batch, size)
+        v = self._sps.get(key)
+        if v is None:
+            split = spec.split_batch(gpus, batch)
+            if split is None:
+                v = 0.0
+            else:
+                n, _ = spec.placement(gpus, size) if size else (1, gpus)
+                v = model.samples_per_s(gpus, n, split[0], split[1])
+            if len(self._sps) >= self.max_size:
+                self._sps.clear()
+            self._sps[key] = v
+        return v
+
     def samples_per_s(self, model: ThroughputModel, gpus: int, nodes: int, local: int, accum: int) -> float:
         key = (model, gpus, nodes, local, accum)  # the model itself (not its id): no reuse after GC
         v = self._sps.get(key)
@@ -213,10 +229,7 @@ def build_problem(
             status, gpus, batch = PENDING, 0, None
         sps = 0.0
         if status == RUNNING and gpus > 0:
-            split = spec.split_batch(gpus, batch) if batch else None
-            if split is not None:
-                n, _ = spec.placement(gpus, size) if size else (1, gpus)
-                sps = cache.samples_per_s(model, gpus, n, split[0], split[1])
+            sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
         wait = max(0.0, now - r.submit_time) if (status == PENDING and r.submit_time is not None) else 0.0
         reqs.append(
             JobRequest(
@@ -231,7 +244,10 @@ def build_problem(
         )
         views.append(JobView(r.job_id, status, gpus, batch, sps, spec))
 
-    free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None
+    if non_elastic_per_node:
+        free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None
+    else:
+        free_per_node = tuple(n.gpus_total for n in managed) or None
     problem = AllocationProblem(
         total_gpus=max(0, capacity),
         node_size=size,

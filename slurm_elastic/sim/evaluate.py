@@ -1,0 +1,318 @@
+"""Regenerate docs/EVALUATION.md: the paper's claim measured with the simulator.
+
+    python -m slurm_elastic.sim.evaluate            # writes docs/EVALUATION.md and docs/figures/sim_*.png
+    python -m slurm_elastic.sim.evaluate --quick    # a smaller run (fewer workloads and rates) to try it
+
+Every run goes through ``Simulation`` -> ``enact.run_cycle`` -> ``policies.get_policy(name)`` ->
+``planner.plan`` -> ``SimulatedSlurm``: the daemon's code path. The Pollux workloads are read from
+``../shared/data/pollux`` beside the repository (``--pollux DIR`` to point elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from slurm_elastic.policies import get_policy
+from slurm_elastic.sim import report
+from slurm_elastic.sim.engine import SimConfig, SimResult, Simulation
+from slurm_elastic.sim.metrics import summarize
+from slurm_elastic.sim.workloads import read_pollux, synthetic
+
+POLICIES = ("dp", "fixed-batch", "static")
+REPO = Path(__file__).resolve().parents[2]
+HORIZON_S = 8 * 3600.0  # the Pollux traces and the synthetic sweep submit jobs over 8 hours
+
+
+def completed_by(res: SimResult, t: float) -> int:
+    return sum(1 for j in res.jobs if j.end_s is not None and j.end_s <= t)
+
+
+def run(jobs, policy: str, cfg: SimConfig) -> tuple[SimResult, dict]:
+    res = Simulation(jobs, get_policy(policy), cfg).run()
+    m = summarize(res)
+    m["completed_by_8h"] = completed_by(res, HORIZON_S)
+    return res, m
+
+
+def h(x):
+    return "-" if x is None else f"{x / 3600:.2f}"
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def pollux_section(pollux: Path, figs: Path, quick: bool, cfg: SimConfig) -> tuple[str, dict]:
+    sets = [("workloads", "160 jobs")] + ([] if quick else [("workloads-2.0", "320 jobs")])
+    numbers = range(1, 3) if quick else range(1, 6)
+    lines = []
+    agg: dict = {}
+    first_results = None
+    for folder, label in sets:
+        rows = []
+        sums = {p: {"jct": 0.0, "done": 0, "n": 0} for p in POLICIES}
+        for n in numbers:
+            path = pollux / folder / f"workload-{n}.csv"
+            jobs = read_pollux(path, node_size=cfg.gpus_per_node)
+            results = {}
+            for p in POLICIES:
+                res, m = run(jobs, p, cfg)
+                results[p] = res
+                log(f"pollux {folder}/workload-{n} {p}: avg JCT {h(m['avg_jct_s'])} h, {m['completed_by_8h']} by 8 h, "
+                    f"{m['sim_wall_s']:.1f} s")
+                rows.append([f"{folder}/workload-{n}", p, m["completed_by_8h"], f"{m['jobs_completed']}/{m['jobs_total']}",
+                             h(m["avg_jct_s"]), h(m["median_jct_s"]), h(m["p95_jct_s"]), h(m["avg_queue_s"]),
+                             f"{m['gpu_utilization']:.2f}", m["rescales"], h(m["makespan_s"])])
+                sums[p]["jct"] += m["avg_jct_s"]
+                sums[p]["done"] += m["completed_by_8h"]
+                sums[p]["n"] += 1
+            if first_results is None:
+                first_results = results
+        lines.append(f"### `{folder}/` ({label} each, 8 h of arrivals)\n")
+        lines.append(report.markdown_table(
+            ["workload", "policy", "done by 8 h", "done (end)", "avg JCT h", "median JCT h", "p95 JCT h",
+             "avg queue h", "GPU util", "rescales", "makespan h"], rows))
+        mean = {p: (sums[p]["jct"] / sums[p]["n"], sums[p]["done"] / sums[p]["n"]) for p in POLICIES}
+        agg[folder] = mean
+        lines.append("")
+        lines.append(report.markdown_table(
+            ["mean over workloads", "avg JCT h", "done by 8 h", "JCT ratio to dp", "done-by-8h ratio dp / this"],
+            [[p, h(mean[p][0]), f"{mean[p][1]:.1f}", ratio(mean[p][0], mean["dp"][0]),
+              ratio(mean["dp"][1], mean[p][1])] for p in POLICIES]))
+        lines.append("")
+    if report.have_matplotlib() and first_results is not None:
+        report.plot_jct_cdf(first_results, figs / "sim_pollux_jct_cdf.png", "Pollux workload-1: JCT CDF (64 GPUs)")
+        report.plot_utilization(first_results, figs / "sim_pollux_utilization.png", "Pollux workload-1: GPUs allocated")
+        lines.append("![JCT CDF, Pollux workload-1](figures/sim_pollux_jct_cdf.png)\n")
+        lines.append("![GPU utilization over time, Pollux workload-1](figures/sim_pollux_utilization.png)\n")
+    return "\n".join(lines), agg
+
+
+def sweep_section(figs: Path, quick: bool, cfg: SimConfig, seed: int) -> tuple[str, dict]:
+    rates = [5.0, 25.0, 100.0] if quick else [5.0, 10.0, 25.0, 50.0, 100.0, 200.0]
+    out = {p: [] for p in POLICIES}
+    rows = []
+    for rate in rates:
+        jobs = synthetic(rate_per_h=rate, hours=HORIZON_S / 3600, seed=seed, node_size=cfg.gpus_per_node,
+                         max_gpus=cfg.total_gpus)
+        ms = {}
+        for p in POLICIES:
+            _, m = run(jobs, p, cfg)
+            ms[p] = m
+            out[p].append(m)
+            log(f"sweep {rate:g}/h ({len(jobs)} jobs) {p}: {m['completed_by_8h']} by 8 h, avg JCT {h(m['avg_jct_s'])} h, "
+                f"{m['sim_wall_s']:.1f} s")
+        d, f, s = ms["dp"], ms["fixed-batch"], ms["static"]
+        rows.append([f"{rate:g}", len(jobs), d["completed_by_8h"], f["completed_by_8h"], s["completed_by_8h"],
+                     ratio(d["completed_by_8h"], f["completed_by_8h"]), ratio(d["completed_by_8h"], s["completed_by_8h"]),
+                     h(d["avg_jct_s"]), h(f["avg_jct_s"]), h(s["avg_jct_s"]),
+                     ratio(f["avg_jct_s"], d["avg_jct_s"]), ratio(s["avg_jct_s"], d["avg_jct_s"]),
+                     f"{d['gpu_utilization']:.2f} / {f['gpu_utilization']:.2f} / {s['gpu_utilization']:.2f}"])
+    text = report.markdown_table(
+        ["rate /h", "jobs", "done 8h dp", "fixed-batch", "static", "dp/fixed", "dp/static",
+         "avg JCT h dp", "fixed-batch", "static", "fixed/dp", "static/dp", "GPU util dp / fb / st"], rows)
+    if report.have_matplotlib():
+        for p in POLICIES:
+            for m in out[p]:
+                m["jobs_completed_all"] = m["jobs_completed"]
+        plot_in = {p: [dict(m, jobs_completed=m["completed_by_8h"]) for m in out[p]] for p in POLICIES}
+        report.plot_sweep(rates, plot_in, figs / "sim_sweep.png",
+                          f"Synthetic sweep, {cfg.total_gpus} GPUs: jobs done within 8 h and average JCT")
+        text += "\n\n![Arrival-rate sweep](figures/sim_sweep.png)\n"
+    return text, {"rates": rates, **out}
+
+
+def sensitivity_section(pollux: Path, quick: bool, cfg: SimConfig) -> str:
+    jobs = read_pollux(pollux / "workloads" / "workload-1.csv", node_size=cfg.gpus_per_node)
+    costs = [(10.0, 5.0), (10.0, 35.0), (10.0, 110.0), (30.0, 270.0)] + ([] if quick else [(60.0, 540.0)])
+    rows = []
+    for ck, rs in costs:
+        c = replace(cfg, checkpoint_s=ck, restart_s=rs)
+        ms = {p: run(jobs, p, c)[1] for p in POLICIES}
+        log(f"sensitivity restart {ck + rs:g} s done")
+        rows.append([f"{ck + rs:g} s ({ck:g} + {rs:g})", h(ms["dp"]["avg_jct_s"]), h(ms["fixed-batch"]["avg_jct_s"]),
+                     h(ms["static"]["avg_jct_s"]), ratio(ms["fixed-batch"]["avg_jct_s"], ms["dp"]["avg_jct_s"]),
+                     ratio(ms["static"]["avg_jct_s"], ms["dp"]["avg_jct_s"]), ms["dp"]["rescales"],
+                     ms["fixed-batch"]["rescales"], f"{ms['dp']['gpu_s_lost_to_rescales'] / 3600:.1f}"])
+    t1 = report.markdown_table(["rescale cost (checkpoint + restart)", "avg JCT h dp", "fixed-batch", "static",
+                                "fixed/dp", "static/dp", "rescales dp", "rescales fb", "GPU-h lost dp"], rows)
+    intervals = [30.0, 60.0, 300.0] + ([] if quick else [900.0])
+    rows = []
+    for iv in intervals:
+        c = replace(cfg, interval_s=iv)
+        ms = {p: run(jobs, p, c)[1] for p in POLICIES}
+        log(f"sensitivity interval {iv:g} s done")
+        rows.append([f"{iv:g} s", h(ms["dp"]["avg_jct_s"]), h(ms["fixed-batch"]["avg_jct_s"]), h(ms["static"]["avg_jct_s"]),
+                     ratio(ms["fixed-batch"]["avg_jct_s"], ms["dp"]["avg_jct_s"]),
+                     ratio(ms["static"]["avg_jct_s"], ms["dp"]["avg_jct_s"]), ms["dp"]["rescales"], ms["dp"]["cycles"]])
+    t2 = report.markdown_table(["scheduling interval", "avg JCT h dp", "fixed-batch", "static", "fixed/dp", "static/dp",
+                                "rescales dp", "cycles dp"], rows)
+    return ("Pollux `workloads/workload-1.csv`, 64 GPUs, other settings at their defaults.\n\n**Rescale cost.**\n\n" + t1
+            + "\n\n**Scheduling interval** (rescale cost 45 s).\n\n" + t2 + "\n")
+
+
+def speed_section(pollux: Path, cfg: SimConfig, quick: bool) -> str:
+    jobs = read_pollux(pollux / "workloads" / "workload-1.csv", node_size=cfg.gpus_per_node)
+    rows = []
+    for label in ("first run in the process (loads numba's cache or compiles)", "second run (warm)"):
+        t0 = time.perf_counter()
+        res, m = run(jobs, "dp", cfg)
+        rows.append([f"Pollux workload-1, 160 jobs, 64 GPUs, dp: {label}", f"{time.perf_counter() - t0:.2f}",
+                     f"{res.solve_s:.2f}", res.cycles])
+    n_jobs = 2000 if quick else 10_000
+    big = replace(cfg, nodes=256)
+    t0 = time.perf_counter()
+    syn = synthetic(rate_per_h=200.0, jobs=n_jobs, seed=1, node_size=big.gpus_per_node, max_gpus=big.total_gpus)
+    gen_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res, m = run(syn, "dp", big)
+    rows.append([f"synthetic {n_jobs:,} jobs at 200/h, 1,024 GPUs (256 x 4), dp (generation {gen_s:.1f} s not included)",
+                 f"{time.perf_counter() - t0:.1f}", f"{res.solve_s:.1f}", res.cycles])
+    log("speed done")
+    text = report.markdown_table(["run", "wall s", "of which policy.allocate s", "cycles"], rows)
+    text += (f"\n\nMeasured on this machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+             f"{platform.machine()}; single-threaded. The {n_jobs:,}-job run completed {m['jobs_completed']:,} jobs "
+             f"with {m['rescales']:,} rescales over {h(m['makespan_s'])} h of simulated time.\n")
+    return text
+
+
+HEADER = """# Evaluation: does elastic (GPUs, batch) scheduling beat the baselines?
+
+Generated by `python -m slurm_elastic.sim.evaluate` (about {minutes:.0f} minutes on this machine); do not edit by
+hand. Every number below comes from the simulator driving the daemon's own code path:
+`Simulation` -> `enact.run_cycle` -> `problem.build_problem` -> `policies.get_policy(name).allocate` ->
+`planner.plan` -> `Enactor` -> `backends.simulated.SimulatedSlurm` (see `tests/unit/test_sim_real_path.py`,
+which spies on the planner and the policy during a simulation).
+
+Settings unless a table says otherwise: {nodes} nodes x {gpn} GPUs = {gpus} GPUs; scheduling interval {interval:g} s;
+a rescale costs {ck:g} s of checkpoint (USR2 to ack, GPUs held) + {rs:g} s of restart (release to training,
+GPUs held) = {total:g} s (the issue's 30-60 s range until the daemon measures the real path); first starts cost
+nothing under every policy; rescale cooldown {cool:g} s; at most {mif} rescales in flight. Work model: a job
+completes when it has processed its total samples (the paper's model): Pollux jobs N x epochs of their app;
+synthetic jobs what their Philly duration would process at their requested size. Throughput from the
+measured Pollux profiles (`slurm_elastic.profiles`), the same model the policy plans with. Policies:
+`dp` (GPU count and batch, exact DP), `fixed-batch` (elastic GPU count at the requested batch, the paper's
+baseline), `static` (FIFO at the requested GPUs and batch, never resized). "done by 8 h" counts jobs
+finished within the 8 hours of arrivals; JCT figures come from running every job to completion.
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(REPO / "docs" / "EVALUATION.md"))
+    ap.add_argument("--figures", default=None, help="figure folder (default: figures/ beside --out)")
+    ap.add_argument("--pollux", default=str(REPO.parent / "shared" / "data" / "pollux"))
+    ap.add_argument("--quick", action="store_true", help="fewer workloads, rates and a 2,000-job speed run")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    pollux = Path(args.pollux)
+    if not (pollux / "workloads" / "workload-1.csv").exists():
+        print(f"Pollux workloads not found under {pollux} (use --pollux DIR)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    figs = Path(args.figures) if args.figures else out.parent / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    cfg = SimConfig()
+    t0 = time.perf_counter()
+    speed = speed_section(pollux, cfg, args.quick)  # first, so that "first run" is the process's first dp run
+    pol_text, agg = pollux_section(pollux, figs, args.quick, cfg)
+    sweep_text, sweep = sweep_section(figs, args.quick, cfg, args.seed)
+    sens = sensitivity_section(pollux, args.quick, cfg)
+    minutes = (time.perf_counter() - t0) / 60
+    doc = [HEADER.format(minutes=minutes, nodes=cfg.nodes, gpn=cfg.gpus_per_node, gpus=cfg.total_gpus,
+                         interval=cfg.interval_s, ck=cfg.checkpoint_s, rs=cfg.restart_s, total=cfg.rescale_cost_s,
+                         cool=cfg.planner.cooldown_s, mif=cfg.planner.max_in_flight)]
+    doc.append(findings(agg, sweep))
+    doc.append("## 1. Pollux workloads (64 GPUs, 16 nodes x 4)\n")
+    doc.append(pol_text)
+    doc.append(f"## 2. Arrival-rate sweep (synthetic, seed {args.seed}, 8 h of Poisson arrivals, Pollux app mix, "
+               "Philly sizes)\n")
+    doc.append("Done-by-8h ratios are dp's count over the baseline's; JCT ratios are the baseline's average over dp's.\n")
+    doc.append(sweep_text)
+    doc.append("## 3. Sensitivity to the rescale cost and the scheduling interval\n")
+    doc.append(sens)
+    doc.append("## 4. Simulator speed\n")
+    doc.append(speed)
+    doc.append(REGEN)
+    out.write_text("\n".join(doc))
+    log(f"wrote {out} and figures in {figs}/ in {minutes:.1f} min")
+    return 0
+
+
+def findings(agg: dict, sweep: dict) -> str:
+    lines = ["## Findings\n"]
+    for folder, mean in agg.items():
+        d, f, s = mean["dp"], mean["fixed-batch"], mean["static"]
+        lines.append(f"- Pollux `{folder}/` (mean over the workloads): dp's average JCT is {h(d[0])} h against "
+                     f"{h(f[0])} h for fixed-batch ({ratio(f[0], d[0])}) and {h(s[0])} h for static ({ratio(s[0], d[0])}); "
+                     f"jobs done within 8 h: {d[1]:.1f} vs {f[1]:.1f} ({ratio(d[1], f[1])}) and {s[1]:.1f} ({ratio(d[1], s[1])}).")
+    best_done_f = max(zip(sweep["rates"], sweep["dp"], sweep["fixed-batch"], strict=True),
+                      key=lambda x: x[1]["completed_by_8h"] / max(1, x[2]["completed_by_8h"]))
+    best_jct_f = max(zip(sweep["rates"], sweep["dp"], sweep["fixed-batch"], strict=True),
+                     key=lambda x: (x[2]["avg_jct_s"] or 0) / (x[1]["avg_jct_s"] or 1))
+    best_jct_s = max(zip(sweep["rates"], sweep["dp"], sweep["static"], strict=True),
+                     key=lambda x: (x[2]["avg_jct_s"] or 0) / (x[1]["avg_jct_s"] or 1))
+    rd = best_done_f[1]["completed_by_8h"] / max(1, best_done_f[2]["completed_by_8h"])
+    rj = (best_jct_f[2]["avg_jct_s"] or 0) / (best_jct_f[1]["avg_jct_s"] or 1)
+    rjs = (best_jct_s[2]["avg_jct_s"] or 0) / (best_jct_s[1]["avg_jct_s"] or 1)
+    lines.append(f"- Sweep: the largest jobs-done-within-8h gain of dp over fixed-batch is {rd:.2f}x (at "
+                 f"{best_done_f[0]:g} jobs/h); the largest average-JCT gain over fixed-batch is {rj:.2f}x (at "
+                 f"{best_jct_f[0]:g} jobs/h) and over static {rjs:.2f}x (at {best_jct_s[0]:g} jobs/h).")
+    reach2 = "reaches" if rd >= 2 else "does not reach"
+    reach10 = "reaches" if rj >= 10 else "does not reach"
+    lines.append(f"- Against the paper's headline (up to 2x more jobs completed, up to 10x lower average JCT than "
+                 f"fixed-batch): this measurement {reach2} 2x on jobs completed and {reach10} 10x on average JCT.")
+    lines.append(WHY)
+    return "\n".join(lines) + "\n"
+
+
+WHY = """
+Why the gain is what it is (reading the tables above):
+
+- dp's advantage over fixed-batch comes from changing the batch. With the paper's work model a job's
+  work is fixed in samples, so a larger batch that keeps more GPUs efficient finishes it sooner, and dp
+  may pick any batch in the job's range that its GPU count can run; fixed-batch must keep the user's
+  batch, which caps its GPU count (the batch must split over the GPUs within the per-GPU limits) and so
+  its scaling. Where users ask for batches that already divide well over many GPUs (the Pollux traces),
+  fixed-batch scales nearly as far and the gap narrows; where jobs are small (most Philly jobs ask for one
+  GPU) the per-GPU limits decide.
+- The measured Pollux profiles (T4 GPUs, 4 per node) scale sub-linearly, and inter-node all-reduce is
+  expensive for bert, deepspeech2 and yolov3. Extra GPUs therefore buy less than in the paper's
+  profiles, which bounds every elastic gain here.
+- At light load every policy runs jobs as soon as they arrive, and elasticity only helps by giving
+  idle GPUs to running jobs; under overload all policies keep the cluster full and the gain comes from
+  running jobs at more efficient sizes so the queue drains faster; the largest JCT ratios sit in between,
+  where static and fixed-batch queue and dp does not.
+- The paper's 10x was measured against its own fixed-batch implementation and profiles; here the baselines
+  share the planner, the same admission rules and the same restart costs, which favours them more than
+  a naive baseline would.
+- Rescales cost a restart each; the policies weigh it over a one-hour planning horizon, so sensitivity to
+  the rescale cost is mild until restarts reach several minutes (section 3).
+"""
+
+REGEN = """## How to regenerate
+
+    pip install -e '.[dev]'                  # matplotlib for the figures
+    python -m slurm_elastic.sim.evaluate     # writes docs/EVALUATION.md and docs/figures/sim_*.png
+
+The same experiments one at a time, e.g.:
+
+    slurm-elastic simulate --workload ../shared/data/pollux/workloads/workload-1.csv --compare dp,fixed-batch,static --json out.json --plot figs/
+    slurm-elastic simulate --sweep 5,10,25,50,100,200 --hours 8 --seed 1 --compare dp,fixed-batch,static --plot figs/
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
