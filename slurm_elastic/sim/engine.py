@@ -12,7 +12,8 @@ is throughput x time at the (GPUs, batch) it runs, from the job's measured throu
 also the model the policy sees. A rescale costs ``checkpoint_s`` (job stopped, GPUs held, then it
 acknowledges) plus ``restart_s`` after the release (GPUs held at the new size, no progress): with the
 defaults 10 + 35 = 45 s, in the issue's 30-60 s range until the daemon measures the real path. The
-policy is told the same total as each job's ``restart_s`` (or the job spec's own ``restart_s``).
+policy is told the same total as each job's ``restart_s``. A job whose spec gives its own ``restart_s``
+pays that total instead, split between checkpoint and restart in the same proportion.
 
 Elastic jobs are submitted held (as the submit plugin holds them); non-elastic jobs are submitted
 released and Slurm's own backfill in the simulated backend starts them.
@@ -161,10 +162,13 @@ class Simulation:
                     k = spec.requested_gpus
                     nodes, gpn = spec.placement(k, cfg.gpus_per_node)
                     model = self._model_for_job(w)
+                    ck = rs = None
+                    if spec.restart_s is not None:  # the job's own rescale cost, split as the defaults are
+                        share = cfg.checkpoint_s / cfg.rescale_cost_s if cfg.rescale_cost_s > 0 else 0.0
+                        ck, rs = spec.restart_s * share, spec.restart_s * (1.0 - share)
                     jid = backend.submit(
                         name=w.name, gpus_per_node=gpn, num_nodes=nodes, comment=spec.to_comment(), user=w.user,
-                        total_samples=w.total_samples, model=model,
-                        checkpoint_s=None, restart_s=None,
+                        total_samples=w.total_samples, model=model, checkpoint_s=ck, restart_s=rs,
                     )
                     models[jid] = model
                 else:

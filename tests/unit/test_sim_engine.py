@@ -135,3 +135,18 @@ def test_determinism_synthetic_same_seed_same_result():
     a, b, c = once(3), once(3), once(4)
     assert a == b
     assert a != c
+
+
+def test_per_job_restart_cost_from_the_spec():
+    """B's spec says restart_s=90: split 10:35 like the defaults -> 20 s checkpoint + 70 s restart.
+
+    One node; A (60,000) and B (200,000) both at t=0, equal share: 2 GPUs each from 0. A done at 300.
+    t=300 cycle... B was started at 0 (cooldown 0): at 300 B grows 2 -> 4: processed 300*200 = 60,000;
+    ack at 320, trains on 4 from 390: remaining 140,000 / 400 = 350 -> done at 740.
+    """
+    jobs = [toy_job("A", 0.0, 60_000), toy_job("B", 0.0, 200_000, restart_s=90.0)]
+    res = run(jobs, EqualShare())
+    out = {j.name: j for j in res.jobs}
+    assert out["A"].jct_s == pytest.approx(300.0)
+    assert out["B"].jct_s == pytest.approx(740.0)
+    assert out["B"].lost_gpu_s == pytest.approx(20 * 2 + 70 * 4)
