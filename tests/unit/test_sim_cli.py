@@ -46,8 +46,10 @@ def test_simulate_errors_name_the_line(tmp_path):
     w.write_text(TRACE + "120,d,elastic,cifar10,2,512,,\n")
     r = CliRunner().invoke(main, ["simulate", "--workload", str(w)])
     assert r.exit_code != 0 and "t.csv:6" in r.output and "total_samples" in r.output
-    r = CliRunner().invoke(main, ["simulate", "--workload", str(w.with_name("t.csv")), "--policy", "nosuch"])
-    assert r.exit_code != 0
+    good = tmp_path / "good.csv"
+    good.write_text(TRACE)
+    r = CliRunner().invoke(main, ["simulate", "--workload", str(good), "--policy", "nosuch"])
+    assert r.exit_code != 0 and "unknown policy 'nosuch'" in r.output
     r = CliRunner().invoke(main, ["simulate"])
     assert r.exit_code != 0 and "--workload" in r.output
 
