@@ -11,7 +11,8 @@ The numba kernel (``cache=True``) is a dynamic program over capacity with three 
 2. stage ``j`` only computes capacities in ``[C - rem_j, min(C, cum_j)]``, where ``cum_j`` is the most
    jobs ``0..j`` can use and ``rem_j`` the most jobs ``j+1..`` can still add (``C = min(capacity,
    total)``); ``dp_j`` means "best with at most ``c`` used", so beyond ``cum_j`` it is flat;
-3. the inner loop runs over capacities for one choice at a time (contiguous, vectorisable).
+3. the inner loop runs over capacities for one choice at a time, on array slices (contiguous,
+   vectorised by LLVM); the arg-max row is copied into the reconstruction table once per job.
 
 Reconstruction keeps one small integer per (job, capacity in its window): int16 when no job has
 more than 32,767 choices, int32 otherwise. See docs/ALGORITHM.md for complexity and memory.
@@ -58,15 +59,12 @@ def _prune(offsets, weights, values, capacity):
 
 
 @njit(cache=True)
-def _relax(prev, cur, arg, w, v, a, c0, c1):
-    """``cur[c] = max(cur[c], prev[c - w] + v)`` for c in [c0, c1), recording ``a`` where it wins.
+def _relax(p, q, g, v, a):
+    """``q[i] = max(q[i], p[i] + v)``, recording ``a`` in ``g[i]`` where it wins.
 
-    Written over slices so that LLVM sees non-negative, non-wrapping indices and vectorises it.
+    Called on slices, so that LLVM sees plain non-negative, non-wrapping indices and vectorises it.
     """
-    p = prev[c0 - w:c1 - w]
-    q = cur[c0:c1]
-    g = arg[c0:c1]
-    for i in range(c1 - c0):
+    for i in range(q.size):
         cand = p[i] + v
         if cand > q[i]:
             q[i] = cand
@@ -98,7 +96,11 @@ def _windows(offsets, weights, capacity):
 
 @njit(cache=True)
 def _dp(offsets, weights, values, cap, lo_arr, hi_arr, toff, table, arg):
-    """The windowed DP; ``table`` (and the scratch ``arg``, same dtype) get the arg-max choices."""
+    """The windowed DP; ``table[toff[j] + c - lo_j]`` gets job j's arg-max choice at capacity c.
+
+    ``arg`` is a scratch row (same dtype as ``table``) copied into the table once per job: one
+    sequential write of the big table per job is faster than every choice writing into it.
+    """
     n_jobs = offsets.size - 1
     prev = np.zeros(cap + 1)
     cur = np.empty(cap + 1)
@@ -108,11 +110,15 @@ def _dp(offsets, weights, values, cap, lo_arr, hi_arr, toff, table, arg):
         lo = lo_arr[j]
         hi = hi_arr[j]
         base = offsets[j]
-        # choice 0 (weight 0) covers every cell: initialise with it (no -inf anywhere)
+        # choice 0 (weight 0) reaches every cell: start from it (so no -inf is ever needed);
+        # beyond the previous window dp is flat at prev[phi] ("at most c GPUs")
         v0 = values[base]
-        for c in range(lo, hi + 1):
-            cur[c] = (prev[c] if c <= phi else prev[phi]) + v0
-            arg[c] = 0
+        for c in range(lo, min(hi, phi) + 1):
+            cur[c] = prev[c] + v0
+        flat = prev[phi] + v0
+        for c in range(max(lo, phi + 1), hi + 1):
+            cur[c] = flat
+        arg[lo:hi + 1] = 0
         for i in range(base + 1, offsets[j + 1]):
             w = weights[i]
             v = values[i]
@@ -121,7 +127,7 @@ def _dp(offsets, weights, values, cap, lo_arr, hi_arr, toff, table, arg):
             c0 = max(lo, plo + w)
             c1 = min(hi, phi + w)
             if c1 >= c0:
-                _relax(prev, cur, arg, w, v, a, c0, c1 + 1)
+                _relax(prev[c0 - w:c1 - w + 1], cur[c0:c1 + 1], arg[c0:c1 + 1], v, a)
             # part B: c - w beyond the previous window, where dp is flat at prev[phi]
             cand = prev[phi] + v
             for c in range(max(lo, phi + w + 1), hi + 1):
@@ -130,7 +136,7 @@ def _dp(offsets, weights, values, cap, lo_arr, hi_arr, toff, table, arg):
                     arg[c] = a
         t0 = toff[j]
         table[t0:t0 + hi - lo + 1] = arg[lo:hi + 1]
-        prev[lo:hi + 1] = cur[lo:hi + 1]
+        prev, cur = cur, prev
         plo = lo
         phi = hi
     return prev[phi]
@@ -170,8 +176,7 @@ def mckp(offsets, weights, values, capacity: int):
     dtype = np.int16 if kmax <= np.iinfo(np.int16).max else np.int32
     cap, lo_arr, hi_arr, toff = _windows(off2, w2, capacity)
     table = np.empty(int(toff[-1]), dtype)
-    arg = np.empty(cap + 1, dtype)
-    obj = _dp(off2, w2, v2, cap, lo_arr, hi_arr, toff, table, arg)
+    obj = _dp(off2, w2, v2, cap, lo_arr, hi_arr, toff, table, np.empty(cap + 1, dtype))
     chosen = np.empty(n_jobs, np.int64)
     _reconstruct(off2, w2, table, lo_arr, hi_arr, toff, cap, chosen)
     return float(obj), idx[chosen]

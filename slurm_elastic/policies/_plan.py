@@ -53,22 +53,24 @@ class Plan:
     offsets: np.ndarray
     weights: np.ndarray
     values: np.ndarray
-    tindex: np.ndarray  # per flat choice: the table row, or -1 for "0 GPUs"
+    cols: np.ndarray  # (7, n) per flat choice: counts, nodes, batch, local, accum, sps, value (0 = no GPUs)
     keep: np.ndarray  # per flat choice: keeps the running count and batch (no restart)
     current: dict[int, float | None]  # current samples/s of running jobs
 
 
+_ZERO7 = np.zeros((7, 1))
+
+
 def _tables(problem, fixed_batch: bool, efficiency=None, efficiency_key=None):
     flex, chosen = [], []
+    ns, cap = problem.node_size, problem.total_gpus
     for req in problem.jobs:
-        f = job_table(req.model, req.spec, problem.node_size, problem.total_gpus, None, efficiency, efficiency_key)
+        f = job_table(req.model, req.spec, ns, cap, None, efficiency, efficiency_key)
         flex.append(f)
         if fixed_batch:
-            chosen.append(job_table(req.model, req.spec, problem.node_size, problem.total_gpus,
-                                    req.spec.requested_batch, efficiency, efficiency_key))
-        else:
-            chosen.append(f)
-    return flex, chosen
+            chosen.append(job_table(req.model, req.spec, ns, cap, req.spec.requested_batch, efficiency,
+                                    efficiency_key))
+    return flex, (chosen if fixed_batch else flex)
 
 
 def make_plan(
@@ -83,46 +85,47 @@ def make_plan(
     if admission not in ("priority", "joint"):
         raise ValueError(f"admission must be 'priority' or 'joint', not {admission!r}")
     jobs = problem.jobs
+    n = len(jobs)
     flex, tabs = _tables(problem, fixed_batch, efficiency, efficiency_key)
     refs = np.array([float(f.value[0]) if len(f) else 0.0 for f in flex])
-    n = len(jobs)
+    mins = [int(t.counts[0]) if len(t) and refs[j] > 0 else 0 for j, t in enumerate(tabs)]  # 0 = cannot run
+    running = [r.running_gpus for r in jobs]
     status = [NOT_ADMITTED] * n
     reasons: dict[int, str] = {}
     free = int(problem.total_gpus)
     what = "the requested batch" if fixed_batch else "a batch in range"
+    preempt = problem.allow_preemption
+    joint = admission == "joint"
 
-    def unrunnable(j):
-        return (len(tabs[j]) == 0) or refs[j] <= 0
-
-    if not problem.allow_preemption:
-        for j, req in enumerate(jobs):
-            if not req.is_running:
+    if not preempt:
+        for j in range(n):
+            if running[j] <= 0:
                 continue
-            if unrunnable(j):
+            need = mins[j]
+            if need == 0:
                 reasons[j] = f"stopped: no allowed GPU count <= {problem.total_gpus} runs {what}"
-                continue
-            need = int(tabs[j].counts[0])
-            if need <= free:
+            elif need <= free:
                 status[j] = ADMITTED
                 free -= need
             else:
                 reasons[j] = f"stopped: running minimums exceed the {problem.total_gpus} GPUs available"
     holder = None
-    for j, req in enumerate(jobs):
-        if status[j] == ADMITTED or (req.is_running and not problem.allow_preemption):
+    for j in range(n):
+        is_running = running[j] > 0
+        if status[j] == ADMITTED or (is_running and not preempt):
             continue
-        verb = "preempted" if req.is_running else "pending"
-        if unrunnable(j):
+        verb = "preempted" if is_running else "pending"
+        need = mins[j]
+        if need == 0:
             reasons[j] = f"{verb}: no allowed GPU count <= {problem.total_gpus} runs {what}"
             continue
         if holder is not None:
             reasons[j] = f"{verb}: held for starving job {jobs[holder].job_id} (waited {jobs[holder].wait_s:.0f}s)"
             continue
-        starving = req.wait_s >= starvation_s
-        if admission == "joint" and not starving and not req.is_running:
+        starving = jobs[j].wait_s >= starvation_s
+        if joint and not starving and not is_running:
             status[j] = OPTIONAL
             continue
-        need = int(tabs[j].counts[0])
         if need <= free:
             status[j] = ADMITTED
             free -= need
@@ -137,59 +140,52 @@ def make_plan(
                 reasons[j] = (f"pending: held for starving job {jobs[holder].job_id} "
                               f"(waited {jobs[holder].wait_s:.0f}s)")
 
-    dp_jobs = np.array([j for j in range(n) if status[j] != NOT_ADMITTED], dtype=np.int64)
-    pieces_c, pieces_v, pieces_t = [], [], []
-    lens = np.empty(dp_jobs.size, np.int64)
-    base = np.zeros(dp_jobs.size, np.int64)
-    for p, j in enumerate(dp_jobs):
+    dp_list = [j for j in range(n) if status[j] != NOT_ADMITTED]
+    dp_jobs = np.array(dp_list, dtype=np.int64)
+    pieces = []
+    lens = []
+    base = []
+    for j in dp_list:
         t = tabs[j]
         if status[j] == OPTIONAL:
-            pieces_c += [_ZERO_I, t.counts]
-            pieces_v += [_ZERO_F, t.value]
-            pieces_t += [np.array([-1], np.int64), np.arange(len(t))]
-            lens[p] = len(t) + 1
+            pieces.append(_ZERO7)
+            lens.append(len(t) + 1)
+            base.append(0)
         else:
-            pieces_c.append(t.counts)
-            pieces_v.append(t.value)
-            pieces_t.append(np.arange(len(t)))
-            lens[p] = len(t)
-            base[p] = t.counts[0]
-    if dp_jobs.size:
-        counts = np.concatenate(pieces_c)
-        raw = np.concatenate(pieces_v)
-        tindex = np.concatenate(pieces_t)
-    else:
-        counts = raw = tindex = np.empty(0, np.int64)
+            lens.append(len(t))
+            base.append(mins[j])
+        pieces.append(t.mat)
+    cols = np.concatenate(pieces, axis=1) if pieces else np.zeros((7, 0))
+    lens_a = np.array(lens, dtype=np.int64)
     offsets = np.zeros(dp_jobs.size + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    wt = np.array([jobs[j].weight for j in dp_jobs], dtype=np.float64)
-    running = np.array([jobs[j].running_gpus for j in dp_jobs], dtype=np.int64)
-    factor = np.array(
-        [1.0 - restart_fraction(jobs[j], problem) if jobs[j].is_running else 1.0 for j in dp_jobs], dtype=np.float64
-    )
-    rep = lambda x: np.repeat(x, lens)  # noqa: E731
-    r_rep = rep(running)
-    pen = np.where((r_rep > 0) & (counts != r_rep), rep(factor), 1.0)
-    ref_rep = rep(refs[dp_jobs]) if dp_jobs.size else np.empty(0)
-    values = rep(wt) * (raw / np.where(ref_rep > 0, ref_rep, 1.0)) * pen
-    weights = counts - rep(base)
+    np.cumsum(lens_a, out=offsets[1:])
+    counts = cols[0].astype(np.int64)
+    wt = np.array([jobs[j].weight for j in dp_list], dtype=np.float64)
+    run_a = np.array([running[j] for j in dp_list], dtype=np.int64)
+    factor = np.array([1.0 - restart_fraction(jobs[j], problem) if running[j] > 0 else 1.0 for j in dp_list])
+    r_rep = np.repeat(run_a, lens_a)
+    pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
+    ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
+    values = np.repeat(wt, lens_a) * (cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)) * pen
+    weights = np.where(counts > 0, counts - np.repeat(np.array(base, dtype=np.int64), lens_a), 0)
     keep = np.zeros(values.size, dtype=bool)
     current: dict[int, float | None] = {}
-    for p, j in enumerate(dp_jobs):
-        req = jobs[j]
-        if not req.is_running:
+    ns = problem.node_size
+    for p, j in enumerate(dp_list):
+        if running[j] <= 0:
             continue
-        cur = current_samples_per_s(req, problem.node_size)
-        current[int(j)] = cur
+        req = jobs[j]
+        cur = current_samples_per_s(req, ns)
+        current[j] = cur
         ti = tabs[j].index(req.running_gpus)
         if ti < 0:
             continue
-        flat = int(offsets[p] + ti + (1 if status[j] == OPTIONAL else 0))
-        if req.running_batch is None or req.running_batch == int(tabs[j].batch[ti]):
+        flat = int(offsets[p]) + ti + (1 if status[j] == OPTIONAL else 0)
+        if req.running_batch is None or req.running_batch == int(cols[2, flat]):
             keep[flat] = True  # its best batch is what it runs: keeping costs nothing
             continue
         values[flat] *= factor[p]  # re-batching on the same count is a restart too
-        if req.spec.split_batch(req.running_gpus, req.running_batch) is None or cur is None:
+        if cur is None or req.spec.split_batch(req.running_gpus, req.running_batch) is None:
             continue  # cannot keep what it runs now (out of range): any start is a restart
         cur_v = cur
         if efficiency is not None:
@@ -198,69 +194,72 @@ def make_plan(
         if keep_value >= values[flat]:
             values[flat] = keep_value
             keep[flat] = True
-    for j, req in enumerate(jobs):
-        if req.is_running and int(j) not in current:
-            current[j] = current_samples_per_s(req, problem.node_size)
-    return Plan(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, tindex, keep, current)
+    for j in range(n):
+        if running[j] > 0 and j not in current:
+            current[j] = current_samples_per_s(jobs[j], ns)
+    return Plan(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep, current)
 
 
 def build_allocation(plan: Plan, chosen_flat: np.ndarray, policy: str, solve_s: float) -> Allocation:
     """Turn one chosen flat choice per optimised job into the per-job answer, with reasons."""
     problem = plan.problem
     jobs = problem.jobs
-    out: dict = {}
+    chosen_flat = np.asarray(chosen_flat, dtype=np.int64)
     objective = float(plan.values[chosen_flat].sum()) if chosen_flat.size else 0.0
     used = int(plan.weights[chosen_flat].sum()) if chosen_flat.size else 0
     spare = plan.capacity - used
-    picked = {int(j): int(c) for j, c in zip(plan.dp_jobs, chosen_flat, strict=True)}
+    sel = plan.cols[:, chosen_flat]
+    k_l = sel[0].astype(np.int64).tolist()
+    n_l = sel[1].astype(np.int64).tolist()
+    b_l = sel[2].astype(np.int64).tolist()
+    lb_l = sel[3].astype(np.int64).tolist()
+    a_l = sel[4].astype(np.int64).tolist()
+    s_l = sel[5].tolist()
+    keep_l = plan.keep[chosen_flat].tolist()
+    picked = {j: p for p, j in enumerate(plan.dp_jobs.tolist())}
+    out: dict = {}
     for j, req in enumerate(jobs):
-        c = picked.get(j)
-        if c is None or plan.tindex[c] < 0:
+        p = picked.get(j)
+        r = req.running_gpus
+        if p is None or k_l[p] == 0:
             reason = plan.reasons.get(j)
             if reason is None:
-                reason = ("preempted: its GPUs are worth more elsewhere" if req.is_running
+                reason = ("preempted: its GPUs are worth more elsewhere" if r > 0
                           else "pending: not started, its GPUs are worth more to running jobs")
             out[req.job_id] = JobAllocation(req.job_id, 0, reason=reason)
             continue
-        t = plan.tables[j]
-        ti = int(plan.tindex[c])
-        k = int(t.counts[ti])
-        keep = bool(plan.keep[c])
-        batch, local, accum, sps = int(t.batch[ti]), int(t.local[ti]), int(t.accum[ti]), float(t.sps[ti])
+        k, batch, local, accum, sps = k_l[p], b_l[p], lb_l[p], a_l[p], s_l[p]
+        keep = keep_l[p]
+        cur = plan.current.get(j)
         if keep and req.running_batch is not None:
             split = req.spec.split_batch(k, req.running_batch)
             if split is not None:
                 batch, (local, accum) = req.running_batch, split
-                sps = plan.current.get(j) or sps
-        cur = plan.current.get(j)
-        r = req.running_gpus
-        if not req.is_running:
-            reason = f"admitted: {k} GPU{'s' if k != 1 else ''}" + (f" (minimum {int(t.counts[0])})" if k > t.counts[0] else "")
+                sps = cur or sps
+        if r <= 0:
+            kmin = int(plan.tables[j].counts[0])
+            reason = f"admitted: {k} GPU{'s' if k != 1 else ''}" + (f" (minimum {kmin})" if k > kmin else "")
         elif keep:
-            reason = "kept"
-            if _better_elsewhere(plan, j, c, spare):
-                reason = "kept: gain below restart cost"
+            reason = "kept: gain below restart cost" if _better_elsewhere(plan, p, int(chosen_flat[p]), spare) \
+                else "kept"
         elif k > r:
             reason = f"grown {r}->{k}: {pct(sps, cur)}".rstrip(": ")
         elif k < r:
             reason = f"shrunk {r}->{k}: {pct(sps, cur)}".rstrip(": ") + "; GPUs to higher-value jobs"
         else:
             reason = f"rebatched {req.running_batch}->{batch}: {pct(sps, cur)}".rstrip(": ")
-        out[req.job_id] = JobAllocation(
-            req.job_id, k, int(t.nodes[ti]), batch, local, accum, sps, reason
-        )
+        out[req.job_id] = JobAllocation(req.job_id, k, n_l[p], batch, local, accum, sps, reason)
     return Allocation(out, objective, solve_s, policy)
 
 
-def _better_elsewhere(plan: Plan, j: int, c: int, spare: int) -> bool:
+def _better_elsewhere(plan: Plan, p: int, c: int, spare: int) -> bool:
     """Would a reachable other count of this kept job be better but for the restart cost?"""
-    p = int(np.searchsorted(plan.dp_jobs, j))
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
-    req = plan.problem.jobs[j]
+    req = plan.problem.jobs[int(plan.dp_jobs[p])]
     f = 1.0 - restart_fraction(req, plan.problem)
     if f <= 0:
         return True
     w = plan.weights[lo:hi]
-    v = plan.values[lo:hi].copy()
-    others = (np.arange(lo, hi) != c) & (w <= plan.weights[c] + spare) & (plan.tindex[lo:hi] >= 0)
+    v = plan.values[lo:hi]
+    others = (np.arange(lo, hi) != c) & (w <= plan.weights[c] + spare) & (plan.cols[0, lo:hi] > 0)
     return bool((others & (v / f > plan.values[c] + 1e-12)).any())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -40,14 +40,22 @@ class JobTable:
     accum: np.ndarray
     sps: np.ndarray  # float64 samples/s at (counts[i], batch[i])
     value: np.ndarray  # what b*(k) maximises: samples/s, or goodput (samples/s x efficiency)
+    mat: np.ndarray = field(default=None, repr=False)  # the 7 columns above as one (7, K) float array
+    pos: dict = field(default=None, repr=False)  # count -> row
+
+    def __post_init__(self):
+        if self.mat is None:
+            cols = (self.counts, self.nodes, self.batch, self.local, self.accum, self.sps, self.value)
+            object.__setattr__(self, "mat", np.array(cols, dtype=np.float64).reshape(7, -1))
+        if self.pos is None:
+            object.__setattr__(self, "pos", {int(k): i for i, k in enumerate(self.counts.tolist())})
 
     def __len__(self) -> int:
         return int(self.counts.size)
 
     def index(self, k: int) -> int:
         """Position of count ``k`` in the table, or -1."""
-        i = int(np.searchsorted(self.counts, k))
-        return i if i < self.counts.size and self.counts[i] == k else -1
+        return self.pos.get(k, -1)
 
 
 _EMPTY = JobTable(*(np.empty(0, np.int64) for _ in range(5)), np.empty(0, np.float64), np.empty(0, np.float64))
@@ -180,9 +188,22 @@ def restart_fraction(req: JobRequest, problem: AllocationProblem) -> float:
 
 
 def current_samples_per_s(req: JobRequest, node_size: int) -> float | None:
-    """What a running job does now (its current GPUs and batch), if the model can say."""
-    if not req.is_running:
+    """What a running job does now (its current GPUs and batch), if the model can say (cached)."""
+    if req.running_gpus <= 0 or req.running_batch is None:
         return None
+    key = ("current", _spec_key(req.spec), node_size, req.running_gpus, req.running_batch)
+    try:
+        per_model = _CACHE.setdefault(req.model, {})
+    except TypeError:
+        per_model = {}
+    if key in per_model:
+        return per_model[key]
+    v = _current(req, node_size)
+    per_model[key] = v
+    return v
+
+
+def _current(req: JobRequest, node_size: int) -> float | None:
     k = req.running_gpus
     b = req.running_batch
     try:
