@@ -349,6 +349,7 @@ class ElasticJob:
         self.history.append({"restart_count": self.senv.restart_count, "job_id": self.senv.job_id,
                              "world_size": self.world_size, "global_batch": a.global_batch,
                              "local_batch": a.local_batch, "accum": a.accum, "source": a.source,
+                             "decision_seq": a.seq,
                              "start_samples": self.samples_seen, "samples_per_s": None, "steps": 0,
                              "time": time.time()})
 
