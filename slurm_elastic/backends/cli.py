@@ -205,7 +205,12 @@ class CliBackend(SlurmBackend):
                 raise ValueError(f"job {job_id}: num_nodes must be >= 1, got {num_nodes}")
             resize.append(f"NumNodes={num_nodes}-{num_nodes}")
         if num_tasks is not None:
-            resize.append(f"NumTasks={num_tasks}")
+            if num_tasks < 1:
+                raise ValueError(f"job {job_id}: num_tasks must be >= 1, got {num_tasks}")
+            # NumTasks alone leaves the job one CPU, and srun then refuses to start the tasks
+            # ("More processors requested than permitted"): ask for one CPU per task as well.
+            per_node = -(-num_tasks // (num_nodes or 1))
+            resize += [f"NumTasks={num_tasks}", f"MinCPUsNode={per_node}", f"NumCPUs={num_tasks}"]
         if resize:
             self._call("scontrol", ["update", f"JobId={jid}", *resize])
         if admin_comment is not None:

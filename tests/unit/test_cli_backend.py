@@ -106,7 +106,8 @@ def test_update_uses_the_version_spelling_and_exact_node_counts():
     r = FakeRunner("22.05.8")
     backend(r).update_job(5, gpus_per_node=4, num_nodes=2, num_tasks=8, start_now=True, admin_comment="x=1")
     updates = [c[1:] for c in r.calls if len(c) > 1 and c[1] == "update"]
-    assert updates == [["update", "JobId=5", "TresPerNode=gres:gpu:4", "NumNodes=2-2", "NumTasks=8"],
+    assert updates == [["update", "JobId=5", "TresPerNode=gres:gpu:4", "NumNodes=2-2", "NumTasks=8",
+                        "MinCPUsNode=4", "NumCPUs=8"],
                        ["update", "JobId=5", "AdminComment=x=1"], ["update", "JobId=5", "StartTime=now"]]
     r = FakeRunner("24.11.5")
     backend(r).update_job(5, gpus_per_node=3)

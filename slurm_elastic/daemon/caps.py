@@ -1,0 +1,94 @@
+"""Per-job and per-user GPU caps, applied around any policy (the policies themselves know no users).
+
+- A **per-job cap** lowers every job's ``max_gpus`` before the policy runs. A job whose ``min_gpus`` is
+  above the cap cannot run under it; it is left out of the problem and reported.
+- A **per-user cap** limits the GPUs all elastic jobs of one user hold together. It is enforced on the
+  policy's answer, in the policy's priority order: a job that would push its user past the cap gets
+  the largest allowed GPU count that still fits (with the feasible batch nearest to the one chosen),
+  or nothing if even its minimum does not fit. A running job is never cut below its minimum; if its
+  user is over the cap through running jobs alone, new starts and grows of that user wait.
+
+This keeps the caps exact whatever a job asks for; the price is that GPUs a cap takes from one job
+are not re-optimised among the others until the next cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy
+
+
+@dataclass
+class CappedPolicy(Policy):
+    inner: Policy
+    max_gpus_per_job: int = 0
+    max_gpus_per_user: int = 0
+    user_of: dict | None = None  # job id -> user name, refreshed every cycle
+
+    def __post_init__(self):
+        self.name = getattr(self.inner, "name", "")
+        self.excluded: dict = {}
+
+    def allocate(self, problem: AllocationProblem) -> Allocation:
+        self.excluded = {}
+        jobs = []
+        for j in problem.jobs:
+            cap = self.max_gpus_per_job
+            if cap and j.spec.max_gpus > cap:
+                if j.spec.min_gpus > cap and not j.is_running:
+                    self.excluded[j.job_id] = f"min_gpus {j.spec.min_gpus} is above the per-job cap {cap}"
+                    continue
+                j = replace(j, spec=replace(j.spec, max_gpus=max(cap, j.spec.min_gpus)))
+            jobs.append(j)
+        alloc = self.inner.allocate(replace(problem, jobs=tuple(jobs)))
+        out = dict(alloc.jobs)
+        for jid, reason in self.excluded.items():
+            out[jid] = JobAllocation(jid, 0, reason=reason)
+        if self.max_gpus_per_user:
+            out = self._user_caps(problem, jobs, out, problem.node_size)
+        return replace(alloc, jobs=out)
+
+    def _user_caps(self, problem, jobs, out: dict, node_size: int) -> dict:
+        users = self.user_of or {}
+        used: dict[str, int] = {}
+        cap = self.max_gpus_per_user
+        for j in jobs:
+            a = out.get(j.job_id)
+            if a is None or a.gpus == 0:
+                continue
+            user = users.get(j.job_id, "")
+            have = used.get(user, 0)
+            if have + a.gpus <= cap:
+                used[user] = have + a.gpus
+                continue
+            room = cap - have
+            floor = j.spec.min_gpus if j.is_running else 1
+            counts = [k for k in j.spec.allowed_gpu_counts(node_size) if floor <= k <= room]
+            new = None
+            for k in sorted(counts, reverse=True):
+                batches = j.spec.feasible_batches(k)
+                if batches:
+                    b = min(batches, key=lambda x: abs(x - (a.batch or x)))
+                    local, accum = j.spec.split_batch(k, b)
+                    nodes, _ = j.spec.placement(k, node_size)
+                    new = replace(a, gpus=k, nodes=nodes, batch=b, local_batch=local, accum=accum,
+                                  samples_per_s=j.model.samples_per_s(k, nodes, local, accum),
+                                  reason=f"per-user cap {cap}: {a.gpus} -> {k} GPUs")
+                    break
+            if new is None:
+                if j.is_running:
+                    # Never below the minimum: keep it where it is and let the cap bite on others.
+                    k = j.running_gpus
+                    new = replace(a, gpus=k, reason=f"per-user cap {cap}: kept at {k} GPUs")
+                    if j.running_batch:
+                        split = j.spec.split_batch(k, j.running_batch)
+                        if split:
+                            nodes, _ = j.spec.placement(k, node_size)
+                            new = replace(new, nodes=nodes, batch=j.running_batch, local_batch=split[0],
+                                          accum=split[1])
+                else:
+                    new = JobAllocation(j.job_id, 0, reason=f"per-user cap {cap} reached by user {user or '?'}")
+            out[j.job_id] = new
+            used[user] = have + new.gpus
+        return out

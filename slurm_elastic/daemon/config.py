@@ -1,0 +1,109 @@
+"""The daemon's configuration: a TOML file (default /etc/slurm/elastic.toml), every key optional.
+
+Unknown keys and values of the wrong type are errors that name the key, so a typo never silently
+falls back to a default. ``docs/SYSADMIN.md`` documents every key; :data:`DEFAULTS` is the truth.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+DEFAULT_PATH = Path("/etc/slurm/elastic.toml")
+
+
+class ConfigError(ValueError):
+    """A bad configuration file; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    partitions: tuple[str, ...] = ()  # managed partitions; empty = every partition
+    poll_interval_s: float = 30.0  # time between two cycles
+    policy: str = "dp"  # dp | fixed-batch | static
+    max_gpus_per_user: int = 0  # 0 = no cap; caps every user's elastic jobs together
+    max_gpus_per_job: int = 0  # 0 = no cap; caps each elastic job whatever its spec asks
+    cooldown_s: float = 300.0  # minimum time between two rescales of one job
+    max_in_flight: int = 4  # most resizes under way at once
+    ack_timeout_s: float = 300.0  # wait this long for a job's checkpoint ack, then leave it running
+    restart_cost_s: float = 45.0  # checkpoint + requeue + restart estimate for jobs that give none
+    horizon_s: float = 3600.0  # restart costs are weighed against gains over this horizon
+    allow_preemption: bool = False  # may the daemon stop a running elastic job to admit others?
+    signal: str = "USR2"  # the checkpoint-and-stop signal sent to a job's steps
+    state_dir: str = "/var/lib/slurm-elastic"  # SQLite state (decision log, intents), lock file
+    log_level: str = "info"  # debug | info | warning | error
+    metrics_address: str = "127.0.0.1"  # Prometheus text metrics; "" disables the endpoint
+    metrics_port: int = 9788
+    slurm_bin: str = "/usr/bin"  # where squeue/scontrol/sinfo/scancel live
+    slurm_timeout_s: float = 30.0  # per Slurm command
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra")
+        d["partitions"] = list(self.partitions)
+        return d
+
+
+DEFAULTS = DaemonConfig()
+_POLICIES = ("dp", "fixed-batch", "static")
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+def load_config(path: str | Path | None = None, *, must_exist: bool = False, overrides: dict | None = None) -> DaemonConfig:
+    """Read the TOML file (keys at top level or under ``[daemon]``); a missing default file means defaults."""
+    p = Path(path) if path else DEFAULT_PATH
+    data: dict = {}
+    if p.exists():
+        try:
+            data = tomllib.loads(p.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"{p}: {e}") from e
+        if "daemon" in data and isinstance(data["daemon"], dict):
+            data = {**{k: v for k, v in data.items() if k != "daemon"}, **data["daemon"]}
+    elif must_exist or path:
+        raise ConfigError(f"{p}: no such file")
+    data.update(overrides or {})
+    return config_from_dict(data, source=str(p))
+
+
+def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
+    known = {f.name: f for f in fields(DaemonConfig) if f.name != "extra"}
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key {key!r} (known: {', '.join(known)})")
+        default = getattr(DEFAULTS, key)
+        if isinstance(default, tuple):
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{source}: {key} must be a list of partition names")
+            value = tuple(value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"{source}: {key} must be a non-negative number, got {value!r}")
+            value = float(value)
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{source}: {key} must be a non-negative integer, got {value!r}")
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+        values[key] = value
+    cfg = DaemonConfig(**values)
+    if cfg.policy not in _POLICIES:
+        raise ConfigError(f"{source}: policy must be one of {', '.join(_POLICIES)}, got {cfg.policy!r}")
+    if cfg.log_level.lower() not in _LEVELS:
+        raise ConfigError(f"{source}: log_level must be one of {', '.join(_LEVELS)}, got {cfg.log_level!r}")
+    if cfg.poll_interval_s < 1:
+        raise ConfigError(f"{source}: poll_interval_s must be at least 1")
+    if not 0 < cfg.metrics_port < 65536:
+        raise ConfigError(f"{source}: metrics_port must be in 1..65535")
+    if cfg.max_in_flight < 1:
+        raise ConfigError(f"{source}: max_in_flight must be at least 1")
+    return cfg

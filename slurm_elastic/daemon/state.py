@@ -1,0 +1,243 @@
+"""The daemon's durable state: a SQLite database in the state directory, and the single-daemon lock.
+
+Tables:
+
+- ``intents``: one row per job with an action under way, written **before** each step (signal,
+  requeue_hold, update, release) with the whole action, so that a restarted daemon can finish or roll
+  back what a crashed one left half done (:mod:`slurm_elastic.daemon.reconcile`);
+- ``decisions``: the decision log, one row per action result (done, begun, timeout, error) and per
+  job whose spec was rejected, with the reason;
+- ``books``: per-job bookkeeping the planner needs across restarts (last change, rescales, decision seq);
+- ``jobs``: the last cycle's view of each elastic job (GPUs, batch, samples/s, efficiency, reason), which
+  ``slurm-elastic status`` shows.
+
+The directory is created 0755 and the database 0644 (root writes; users may read for ``status``);
+nothing here is world-writable.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from slurm_elastic import planner as pl
+from slurm_elastic.spec import Decision
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS intents (
+    job_id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    step TEXT NOT NULL,
+    action TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    restart_count INTEGER
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    cycle INTEGER NOT NULL,
+    job_id INTEGER NOT NULL,
+    action TEXT NOT NULL,
+    status TEXT NOT NULL,
+    gpus_from INTEGER,
+    gpus_to INTEGER,
+    batch INTEGER,
+    reason TEXT,
+    message TEXT
+);
+CREATE INDEX IF NOT EXISTS decisions_job ON decisions(job_id);
+CREATE TABLE IF NOT EXISTS books (
+    job_id INTEGER PRIMARY KEY,
+    last_change REAL,
+    rescales INTEGER NOT NULL,
+    seq INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id INTEGER PRIMARY KEY,
+    updated REAL NOT NULL,
+    gpus INTEGER,
+    target_gpus INTEGER,
+    batch INTEGER,
+    samples_per_s REAL,
+    efficiency REAL,
+    rescales INTEGER,
+    last_change REAL,
+    reason TEXT
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+class LockHeld(RuntimeError):
+    """Another daemon holds the state directory's lock."""
+
+
+class DaemonLock:
+    """An exclusive ``flock`` on ``<state_dir>/daemon.lock``; the file records the holder's pid."""
+
+    def __init__(self, state_dir: str | os.PathLike):
+        self.path = Path(state_dir) / "daemon.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LockHeld(
+                f"another slurm-elastic daemon (pid {holder}) is running with state dir {self.path.parent}; "
+                f"refusing to start a second one"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def action_to_json(action: pl.Action) -> str:
+    d = asdict(action)
+    return json.dumps(d, sort_keys=True)
+
+
+def action_from_json(text: str) -> pl.Action:
+    d = json.loads(text)
+    kind = d.get("kind")
+    if "decision" in d and isinstance(d["decision"], dict):
+        d["decision"] = Decision(**d["decision"])
+    cls = {"start": pl.Start, "resize": pl.Resize, "preempt": pl.Preempt, "leave": pl.Leave}.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown action kind {kind!r}")
+    return cls(**d)
+
+
+class StateDB:
+    """Thin, explicit access to the daemon's SQLite file (one connection, autocommit per statement)."""
+
+    def __init__(self, state_dir: str | os.PathLike, *, readonly: bool = False):
+        self.dir = Path(state_dir)
+        self.path = self.dir / "state.sqlite3"
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no daemon state at {self.path}")
+            self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+        else:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.dir, 0o755)
+            new = not self.path.exists()
+            self.conn = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+            if new:
+                os.chmod(self.path, 0o644)
+            self.conn.executescript(SCHEMA)
+        self.conn.row_factory = sqlite3.Row
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ----- intents ---------------------------------------------------------------------------
+    def write_intent(self, action: pl.Action, step: str, restart_count: int | None = None) -> None:
+        now = time.time()
+        self.conn.execute(
+            "INSERT INTO intents(job_id, kind, step, action, created, updated, restart_count) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET step=excluded.step, "
+            "action=excluded.action, updated=excluded.updated, "
+            "restart_count=COALESCE(excluded.restart_count, intents.restart_count)",
+            (int(action.job_id), action.kind, step, action_to_json(action), now, now, restart_count),
+        )
+
+    def close_intent(self, job_id: int) -> None:
+        self.conn.execute("DELETE FROM intents WHERE job_id = ?", (int(job_id),))
+
+    def open_intents(self) -> list[dict]:
+        rows = self.conn.execute("SELECT * FROM intents ORDER BY created").fetchall()
+        return [dict(r) for r in rows]
+
+    # ----- decision log ------------------------------------------------------------------------
+    def log_decision(self, cycle: int, job_id: int, action: str, status: str, *, gpus_from=None, gpus_to=None,
+                     batch=None, reason: str = "", message: str = "") -> None:
+        self.conn.execute(
+            "INSERT INTO decisions(ts, cycle, job_id, action, status, gpus_from, gpus_to, batch, reason, message) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (time.time(), cycle, int(job_id), action, status, gpus_from, gpus_to, batch, reason, message),
+        )
+
+    def decisions(self, job_id: int | None = None) -> list[dict]:
+        if job_id is None:
+            rows = self.conn.execute("SELECT * FROM decisions ORDER BY id").fetchall()
+        else:
+            rows = self.conn.execute("SELECT * FROM decisions WHERE job_id = ? ORDER BY id", (int(job_id),)).fetchall()
+        return [dict(r) for r in rows]
+
+    # ----- books -------------------------------------------------------------------------------
+    def load_books(self) -> dict[int, pl.JobBook]:
+        rows = self.conn.execute("SELECT * FROM books").fetchall()
+        return {r["job_id"]: pl.JobBook(last_change_s=r["last_change"], rescales=r["rescales"], seq=r["seq"])
+                for r in rows}
+
+    def save_books(self, books: dict) -> None:
+        with self.conn:
+            self.conn.execute("BEGIN")
+            for job_id, b in books.items():
+                self.conn.execute(
+                    "INSERT INTO books(job_id, last_change, rescales, seq) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(job_id) DO UPDATE SET last_change=excluded.last_change, "
+                    "rescales=excluded.rescales, seq=excluded.seq",
+                    (int(job_id), b.last_change_s, b.rescales, b.seq),
+                )
+
+    def forget_jobs(self, active_ids: set[int]) -> None:
+        """Drop books and views of jobs Slurm no longer lists (the decision log is kept)."""
+        for table in ("books", "jobs"):
+            ids = [r[0] for r in self.conn.execute(f"SELECT job_id FROM {table}").fetchall()]
+            for jid in ids:
+                if jid not in active_ids:
+                    self.conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (jid,))
+
+    # ----- per-job view for status -------------------------------------------------------------
+    def save_job_views(self, rows: list[dict]) -> None:
+        now = time.time()
+        with self.conn:
+            self.conn.execute("BEGIN")
+            for r in rows:
+                self.conn.execute(
+                    "INSERT INTO jobs(job_id, updated, gpus, target_gpus, batch, samples_per_s, efficiency, "
+                    "rescales, last_change, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(job_id) DO UPDATE SET updated=excluded.updated, gpus=excluded.gpus, "
+                    "target_gpus=excluded.target_gpus, batch=excluded.batch, samples_per_s=excluded.samples_per_s, "
+                    "efficiency=excluded.efficiency, rescales=excluded.rescales, last_change=excluded.last_change, "
+                    "reason=excluded.reason",
+                    (int(r["job_id"]), now, r.get("gpus"), r.get("target_gpus"), r.get("batch"),
+                     r.get("samples_per_s"), r.get("efficiency"), r.get("rescales"), r.get("last_change"),
+                     r.get("reason")),
+                )
+
+    def job_views(self) -> dict[int, dict]:
+        return {r["job_id"]: dict(r) for r in self.conn.execute("SELECT * FROM jobs").fetchall()}
+
+    def set_meta(self, key: str, value) -> None:
+        self.conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                          (key, json.dumps(value)))
+
+    def get_meta(self, key: str, default=None):
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
