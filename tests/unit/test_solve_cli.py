@@ -1,0 +1,86 @@
+"""``slurm-elastic solve``: the example problem, --json output, and errors that name job and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_elastic.commands.solve import solve
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "problem.json"
+
+
+def run(args):
+    return CliRunner().invoke(solve, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("policy", ["dp", "fixed-batch", "static"])
+def test_example_solves_with_every_policy(policy):
+    r = run([EXAMPLE, "--policy", policy, "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["policy"] == policy and doc["gpus_used"] <= doc["total_gpus"] == 16
+    ids = [j["id"] for j in doc["jobs"]]
+    assert ids == [j["id"] for j in json.loads(EXAMPLE.read_text())["jobs"]]
+    for j in doc["jobs"]:
+        assert set(j) == {"id", "gpus", "nodes", "batch", "local_batch", "accum", "samples_per_s", "reason"}
+        if j["gpus"]:
+            assert j["gpus"] * j["local_batch"] * j["accum"] == j["batch"] and j["samples_per_s"] > 0
+    assert doc["objective"] > 0 and doc["solve_s"] >= 0
+
+
+def test_dp_beats_baselines_on_the_example():
+    obj = {p: json.loads(run([EXAMPLE, "--policy", p, "--json"]).output)["objective"]
+           for p in ("dp", "fixed-batch", "static")}
+    assert obj["dp"] > obj["fixed-batch"] > obj["static"]
+
+
+def test_human_output():
+    r = run([EXAMPLE])
+    assert r.exit_code == 0
+    assert "SAMPLES/S" in r.output and "objective" in r.output and "cifar-run" in r.output
+
+
+def write(tmp_path, doc):
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    return p
+
+
+GOOD_JOB = {"id": "a", "spec": {"min_gpus": 1, "max_gpus": 4, "min_batch": 32, "max_batch": 512,
+                                "max_local_batch": 128, "profile": "cifar10"}}
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, spec=dict(GOOD_JOB["spec"], min_batch=1024))]},
+     "job a, field 'min_batch'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, spec=dict(GOOD_JOB["spec"], profile="nope"))]},
+     "job a, field 'profile'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, colour="red")]}, "job a, field 'colour'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [GOOD_JOB, GOOD_JOB]}, "job a, field 'id'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, running_gpus=-1)]}, "job a, field 'running_gpus'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, points=[[1, 32]])]}, "job a, field 'points[0]'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, spec=dict(GOOD_JOB["spec"], max_gpus="x"))]},
+     "job a, field 'max_gpus'"),
+    ({"node_size": 4, "jobs": []}, "field 'total_gpus'"),
+    ("{not json", "not valid JSON"),
+])
+def test_invalid_problems_name_the_job_and_field(tmp_path, doc, needle):
+    r = run([write(tmp_path, doc)])
+    assert r.exit_code != 0
+    assert needle in r.output
+
+
+def test_points_and_comment_forms(tmp_path):
+    doc = {"total_gpus": 8, "node_size": 4, "jobs": [
+        {"id": 1, "comment": "elastic:min_gpus=1,max_gpus=8,min_batch=64,max_batch=1024,max_local_batch=256",
+         "points": [[1, 128, 1000.0], [2, 256, 1900.0], [4, 512, 3400.0]]},
+        {"id": 2, "comment": "elastic:min_gpus=1,max_gpus=8,min_batch=64,max_batch=1024,max_local_batch=256,"
+                             "profile=gavel.v100.resnet18"}]}
+    r = run([write(tmp_path, doc), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert sum(j["gpus"] for j in out["jobs"]) <= 8 and all(j["gpus"] >= 1 for j in out["jobs"])
