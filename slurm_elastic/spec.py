@@ -76,9 +76,14 @@ class ElasticSpec:
     restart_s: float | None = None  # the user's estimate of checkpoint + restart time
     ckpt_dir: str | None = None  # where the job's checkpoints, stop acks and throughput reports go (%j = job id)
 
-    def checkpoint_dir(self, job_id: int | str) -> str | None:
-        """The job's checkpoint directory with ``%j`` replaced by its id, or None if not declared."""
-        return self.ckpt_dir.replace("%j", str(job_id)) if self.ckpt_dir else None
+    def checkpoint_dir(self, job_id: int | str, work_dir: str | None = None) -> str | None:
+        """The job's checkpoint directory: ``ckpt_dir`` with ``%j`` replaced by the job id, else the
+        template's default ``<work_dir>/elastic-ckpt/<job_id>`` when the working directory is known."""
+        if self.ckpt_dir:
+            return self.ckpt_dir.replace("%j", str(job_id))
+        if work_dir:
+            return f"{work_dir.rstrip('/')}/elastic-ckpt/{job_id}"
+        return None
 
     @property
     def requested_batch(self) -> int:

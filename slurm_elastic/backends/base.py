@@ -69,6 +69,7 @@ class JobRecord:
     submit_time: int | None = None
     start_time: int | None = None
     user_id: int | None = None
+    work_dir: str = ""  # the job's working directory (where its batch script starts)
 
     @property
     def is_pending(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 
 import click
@@ -97,6 +98,43 @@ def job_row(job: JobRecord) -> dict:
     return row
 
 
+def merge_daemon_view(row: dict, view: dict | None) -> dict:
+    """Add what the daemon recorded for this job in its last cycle (throughput, efficiency, reason)."""
+    if not view:
+        return row
+    row = dict(row)
+    for key in ("samples_per_s", "efficiency"):
+        if view.get(key) is not None:
+            row[key] = view[key]
+    if view.get("rescales") is not None:
+        row["rescales"] = view["rescales"]
+    if view.get("last_change"):
+        row["last_change"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(view["last_change"]))
+    if view.get("target_gpus") is not None:
+        row["target_gpus"] = view["target_gpus"]
+    if view.get("reason") and not row["reason"].startswith("bad"):
+        row["reason"] = view["reason"]
+    return row
+
+
+def load_daemon_views(state_dir: str | None) -> dict[int, dict]:
+    """The daemon's per-job views from its state database, or {} when there is none (yet)."""
+    from slurm_elastic.daemon.state import StateDB
+
+    if not state_dir:
+        return {}
+    try:
+        db = StateDB(state_dir, readonly=True)
+    except (FileNotFoundError, OSError):
+        return {}
+    try:
+        return db.job_views()
+    except Exception:  # an older or locked database must not break status
+        return {}
+    finally:
+        db.close()
+
+
 def _cell(value) -> str:
     if value is None:
         return "-"
@@ -167,7 +205,10 @@ def _csv(value: str | None) -> list[str]:
 @click.option("-j", "--jobs", "job_ids", help="Only these job ids (comma-separated).")
 @click.option("-p", "--partition", "partitions", help="Only these partitions (comma-separated).")
 @click.option("-a", "--all", "all_jobs", is_flag=True, help="Also list jobs that are not elastic.")
-def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs):
+@click.option("--state-dir", default=None, envvar="SLURM_ELASTIC_STATE_DIR",
+              help="The daemon's state directory (default: state_dir of the daemon's configuration).")
+@click.option("--config", "config_path", default=None, envvar="SLURM_ELASTIC_CONFIG", help="The daemon's TOML configuration.")
+def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs, state_dir, config_path):
     """Show elastic jobs, squeue-style: GPUs now and allowed, batch, restarts, reason.
 
     Reads the Slurm cluster that SLURM_CONF points at (as squeue does).
@@ -183,7 +224,16 @@ def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs):
         jobs = CliBackend().list_jobs()
     except SlurmError as e:
         raise click.ClickException(f"cannot read jobs from Slurm: {e}") from e
-    rows = select([job_row(j) for j in jobs], set(_csv(users)), ids, set(_csv(partitions)), all_jobs)
+    if state_dir is None:
+        from slurm_elastic.daemon.config import ConfigError, load_config
+
+        try:
+            state_dir = load_config(config_path).state_dir
+        except ConfigError as e:
+            raise click.ClickException(str(e)) from e
+    views = load_daemon_views(state_dir)
+    rows = [merge_daemon_view(job_row(j), views.get(j.job_id)) for j in jobs]
+    rows = select(rows, set(_csv(users)), ids, set(_csv(partitions)), all_jobs)
     rows.sort(key=lambda r: r["jobid"])
     if as_json:
         json.dump({"meta": {"plugin": {"type": "slurm-elastic/status", "schema": 1}}, "jobs": rows}, sys.stdout,

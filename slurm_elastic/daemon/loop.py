@@ -81,7 +81,7 @@ class ModelRegistry:
     sources: dict = field(default_factory=dict)  # job id -> "reported (n points)" | "profile" | ...
 
     def reported(self, job: JobRecord, spec: ElasticSpec) -> list[Observation]:
-        d = spec.checkpoint_dir(job.job_id)
+        d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return []
         from slurm_elastic.train.protocol import read_throughput
@@ -138,7 +138,7 @@ class CheckpointDirAck:
             spec = parse_spec(job.comment, job.job_id)
         except SpecError:
             return False
-        d = spec.checkpoint_dir(job.job_id)
+        d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return False
         try:
