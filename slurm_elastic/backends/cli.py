@@ -175,6 +175,9 @@ class CliBackend(SlurmBackend):
             if job is None:
                 raise SlurmError(f"job {job_id} left the queue while being requeued")
             if job.is_requeued_settled:
+                # Slurm revokes the job's credentials at the requeue, for that whole second: a start
+                # in the same second fails ("Job credential revoked"). Return past the next second.
+                time.sleep(1.05 - time.time() % 1.0)
                 return job
             time.sleep(poll)
         raise SlurmTimeout(f"job {job_id} was still {job.state if job else '?'} {timeout:.0f} s after requeuehold")
