@@ -6,14 +6,20 @@ the parser tests can assert against it):
 
 1. ``idle``: nodes with no jobs.
 2. ``mixed``: a requeueable 2-GPU elastic job running, a held 1-GPU elastic job, a pending non-elastic
-   job asking for more GPUs than exist on a node (so it stays pending: Resources or
-   BadConstraints), and a running non-requeueable 1-GPU job.
+   job asking for every GPU of every node (4 nodes x 4, so it waits for Resources while the elastic
+   job runs; 24.11 refuses a job with more nodes than exist at submit time, 22.05 queued it), and a
+   running non-requeueable 1-GPU job.
 3. ``resized``: the 2-GPU job after requeuehold -> update (4 GPUs per node, 2 nodes, admin comment) ->
    release, running again with restart count 1.
 4. ``requeue_held``: that job requeue-held again (pending, held, restart count 2).
+5. ``completing``: a 1-GPU job cancelled while its batch script is still ending (it traps SIGTERM and
+   sleeps 5 s): 22.05 prints ``"COMPLETING"``, 24.11 ``["CANCELLED", "COMPLETING"]``; both must read
+   as an active COMPLETING job.
 
-Usage: ``python scripts/capture_fixtures.py [--state-dir DIR] [--out tests/fixtures]``. It starts its
-own cluster on free ports unless ``--state-dir`` names one that is up, and stops what it started.
+Usage: ``python scripts/capture_fixtures.py [--slurm host|bookworm|trixie] [--state-dir DIR]
+[--out tests/fixtures]``. It starts its own cluster on free ports (with ``--slurm RELEASE``: that
+Debian release's Slurm in the project's chroot, built if needed) unless ``--state-dir`` names one
+that is up, and stops what it started. ``--slurm all`` captures every version of this machine.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import argparse
 import json
 import os
 import platform
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -31,15 +37,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block  # noqa: E402
+from slurm_elastic.chroot import other_release  # noqa: E402
+from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block, resolve_release  # noqa: E402
 
 SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=64,max_batch=1024,max_local_batch=128,batch=256,profile=cifar10"
 SCRIPT = "#!/bin/bash\nsleep 600\n"
+SLOW_TO_END = "#!/bin/bash\ntrap 'sleep 5; exit 0' TERM\nsleep 600 &\nwait\n"
 
 
-def os_release() -> str:
+def os_release(path: str | Path = "/etc/os-release") -> str:
     try:
-        for line in Path("/etc/os-release").read_text().splitlines():
+        for line in Path(path).read_text().splitlines():
             if line.startswith("PRETTY_NAME="):
                 return line.split("=", 1)[1].strip('"')
     except OSError:
@@ -51,29 +59,48 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--state-dir", help="use this running cluster instead of starting one")
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures"))
+    ap.add_argument("--slurm", default="host",
+                    help="host, a Debian codename (bookworm, trixie: Slurm in a chroot), or 'all' (host + the other)")
     args = ap.parse_args()
+    if args.slurm == "all":
+        if args.state_dir:
+            sys.exit("--slurm all starts its own clusters; it cannot be used with --state-dir")
+        other = other_release()
+        return max(capture(None, args.out, None), capture(other, args.out, None) if other else 0)
+    return capture(args.state_dir, args.out, resolve_release(args.slurm))
 
-    own = args.state_dir is None
+
+def capture(state_dir: str | None, out_dir: str, release: str | None) -> int:
+    own = state_dir is None
     if own:
-        state = Path(tempfile.mkdtemp(prefix="se-capture-"))
-        cluster = LocalCluster(state, ClusterConfig(ctld_port=find_free_port_block(8, start=23000)))
+        cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="se-capture-")),
+                               ClusterConfig(ctld_port=find_free_port_block(8, start=23000), release=release))
+        if cluster.chroot is not None:  # keep the runtime files inside the root, removed afterwards
+            cluster.chroot.ensure()
+            base = cluster.chroot.path / "srv" / "slurm-elastic"
+            base.mkdir(parents=True, exist_ok=True)
+            cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="se-capture-", dir=base)), cluster.config)
         cluster.up()
     else:
-        cluster = LocalCluster(args.state_dir)
+        cluster = LocalCluster(state_dir)
         if not cluster.is_up():
-            sys.exit(f"no cluster is up in {args.state_dir}")
+            sys.exit(f"no cluster is up in {state_dir}")
     b = cluster.backend
     version = b.version()
-    out = Path(args.out) / f"slurm-{'.'.join(version.split('.')[:2])}"
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="se-capture-jobs-"))
-    os.chmod(work, 0o755)
+    final = Path(out_dir) / f"slurm-{'.'.join(version.split('.')[:2])}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Written into a scratch dir and swapped in at the end: a failed run leaves the old capture intact.
+    out = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    work = cluster.job_dir()  # where this cluster's sbatch and slurmd see it (inside a chroot)
     script = work / "job.sh"
     script.write_text(SCRIPT)
     manifest: dict = {
         "slurm_version": version,
         "captured_on": time.strftime("%Y-%m-%d"),
-        "os": os_release(),
+        "os": os_release() if cluster.chroot is None else
+        f"{os_release(cluster.chroot.path / 'etc/os-release')} (debootstrap chroot on {os_release()})",
+        "slurm_from": "host packages" if cluster.chroot is None else
+        f"Debian {cluster.config.release} packages in {cluster.chroot.path}",
         "tool": "scripts/capture_fixtures.py",
         "nodes": cluster.config.nodes,
         "gpus_per_node": cluster.config.gpus_per_node,
@@ -81,8 +108,8 @@ def main() -> int:
     }
     submitted: list[int] = []
 
-    def save(name: str, about: dict) -> None:
-        jobs_doc = b.raw_jobs()
+    def save(name: str, about: dict, jobs_doc: dict | None = None) -> None:
+        jobs_doc = jobs_doc if jobs_doc is not None else b.raw_jobs()
         nodes_doc = b.raw_nodes()
         (out / f"squeue_{name}.json").write_text(json.dumps(jobs_doc, indent=1) + "\n")
         (out / f"nodes_{name}.json").write_text(json.dumps(nodes_doc, indent=1) + "\n")
@@ -103,7 +130,8 @@ def main() -> int:
         wait(elastic, lambda j: j is not None and j.is_running)
         held = cluster.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC}", "-o", "/dev/null", str(script)], cwd=work)
         submitted.append(held)
-        big = cluster.sbatch(["--gres=gpu:4", "-N", "5", "-o", "/dev/null", str(script)], cwd=work)
+        big = cluster.sbatch(["--gres=gpu:4", "-N", str(cluster.config.nodes), "-o", "/dev/null", str(script)],
+                             cwd=work)
         submitted.append(big)
         norq = cluster.sbatch(["--no-requeue", "--gres=gpu:1", "-o", "/dev/null", str(script)], cwd=work)
         submitted.append(norq)
@@ -113,7 +141,8 @@ def main() -> int:
             str(elastic): {"state": "RUNNING", "gpus_per_node": 2, "node_count": 1, "elastic": True, "requeue": True,
                            "restart_count": 0},
             str(held): {"state": "PENDING", "held": True, "gpus_per_node": 1, "elastic": True},
-            str(big): {"state": "PENDING", "held": False, "gpus_per_node": 4, "node_count": 5, "elastic": False},
+            str(big): {"state": "PENDING", "held": False, "gpus_per_node": 4, "node_count": cluster.config.nodes,
+                          "elastic": False},
             str(norq): {"state": "RUNNING", "gpus_per_node": 1, "requeue": False, "elastic": False},
         }, "gpus_used": 3})
         b.requeue_hold(elastic)
@@ -131,15 +160,45 @@ def main() -> int:
         save("requeue_held", {"jobs": {
             str(elastic): {"state": "PENDING", "held": True, "restart_count": 2, "gpus_per_node": 4, "node_count": 2},
         }, "gpus_used": 1})
+        slow = work / "slow_to_end.sh"
+        slow.write_text(SLOW_TO_END)
+        slow.chmod(0o755)
+        ending = cluster.sbatch(["--gres=gpu:1", "-o", "/dev/null", str(slow)], cwd=work)
+        submitted.append(ending)
+        wait(ending, lambda j: j is not None and j.is_running)
+        time.sleep(1)  # let the script reach its trap
+        cluster.run_tool("scancel", str(ending), check=True, timeout=30)
+        deadline = time.monotonic() + 4
+        doc = None
+        while time.monotonic() < deadline:  # catch the job while it is still ending (the default squeue view)
+            d = b.raw_jobs()
+            raw = [j.get("job_state") for j in d["jobs"] if j.get("job_id") == ending]
+            if raw and "COMPLETING" in (raw[0] if isinstance(raw[0], list) else [raw[0]]):
+                doc = d
+                break
+            time.sleep(0.05)
+        if doc is None:
+            raise SystemExit(f"job {ending} was never seen COMPLETING after scancel")
+        save("completing", {"jobs": {
+            str(ending): {"state": "COMPLETING", "is_active": True, "is_completing": True, "gpus_per_node": 1},
+            str(norq): {"state": "RUNNING", "gpus_per_node": 1, "requeue": False},
+        }, "gpus_used": 1}, jobs_doc=doc)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)  # the old capture stays as it was
+        raise
     finally:
         if submitted:
-            subprocess.run(["/usr/bin/scancel", *map(str, submitted)], env=cluster.env, capture_output=True,
-                           timeout=30, check=False)
+            cluster.run_tool("scancel", *map(str, submitted), timeout=30)
         if own:
             time.sleep(1)
             cluster.down()
+            shutil.rmtree(cluster.state_dir, ignore_errors=True)
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(f"captured Slurm {version} into {out}")
+    os.chmod(out, 0o755)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(out, final)
+    print(f"captured Slurm {version} into {final}")
     return 0
 
 

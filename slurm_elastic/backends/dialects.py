@@ -87,13 +87,25 @@ def state_list(value: Any, *, what: str = "state") -> list[str]:
     raise SlurmParseError(f"{what}: expected a string or a list of strings, got {value!r}")
 
 
+# Base states of a job that has ended (or is ending, with the COMPLETING flag).
+JOB_FINAL_STATES = frozenset(JOB_BASE_STATES - {"PENDING", "RUNNING", "SUSPENDED"})
+
+
 def split_job_state(words: list[str]) -> tuple[str, tuple[str, ...]]:
-    """(base state, flags). 22.05 may print only a flag (e.g. 'REQUEUE_HOLD'): infer the base state."""
+    """(base state, flags). 22.05 may print only a flag (e.g. 'REQUEUE_HOLD'): infer the base state.
+
+    A job that has ended but whose processes are still ending reads ``COMPLETING`` in every dialect:
+    22.05 prints just ``"COMPLETING"``, while 23.02+ prints the final state plus the flag, e.g.
+    ``["CANCELLED", "COMPLETING"]`` (seen live on 24.11 after scancel). The final state is kept as a
+    flag. A requeued job that is still ending (``["PENDING", "COMPLETING"]``) stays PENDING.
+    """
     base = [w for w in words if w in JOB_BASE_STATES]
     flags = tuple(w for w in words if w not in JOB_BASE_STATES)
     if base:
-        b = base[0]
-        return ("COMPLETED" if b == "COMPLETE" else b), flags
+        b = "COMPLETED" if base[0] == "COMPLETE" else base[0]
+        if b in JOB_FINAL_STATES and "COMPLETING" in flags:
+            return "COMPLETING", (*flags, b)
+        return b, flags
     if set(flags) & _PENDING_FLAGS:
         return "PENDING", flags
     if set(flags) & {"CONFIGURING", "RESIZING", "SIGNALING", "POWER_UP_NODE", "STAGE_OUT"}:
@@ -229,6 +241,7 @@ def parse_job(job: dict) -> JobRecord:
             requeueable=requeue,
             submit_time=int_or_none(job.get("submit_time"), what=f"job {jid}: submit_time"),
             start_time=int_or_none(job.get("start_time"), what=f"job {jid}: start_time"),
+            work_dir=_str(job, "current_working_directory", jid),
         )
     except SlurmParseError:
         raise

@@ -72,6 +72,31 @@ def test_2205_running_jobs_list_their_nodes_and_start_times():
     assert resized.start_time and resized.submit_time and resized.user == "root" and resized.partition == "gpu"
 
 
+@pytest.mark.parametrize("version", ["22.05", "24.11"])
+def test_a_cancelled_job_still_ending_is_active_and_completing_in_both_dialects(version):
+    """Found live: after scancel, while the batch script is still ending, 22.05 prints "COMPLETING" but
+    24.11 prints ["CANCELLED", "COMPLETING"]. The old parser read the latter as CANCELLED, so the job
+    vanished from list_jobs() while its processes (and slurmstepd) were still running."""
+    cap = FIXTURES / f"slurm-{version}"
+    if not (cap / "squeue_completing.json").exists():
+        pytest.skip(f"no {version} capture with the completing step")
+    doc = load(cap / "squeue_completing.json")
+    want = load(cap / "MANIFEST.json")["files"]["squeue_completing.json"]["jobs"]
+    (jid,) = [int(j) for j, w in want.items() if w["state"] == "COMPLETING"]
+    raw = [j["job_state"] for j in doc["jobs"] if j["job_id"] == jid][0]
+    assert raw == ("COMPLETING" if version == "22.05" else ["CANCELLED", "COMPLETING"])
+    job = {j.job_id: j for j in parse_jobs(doc)}[jid]
+    assert job.state == "COMPLETING" and job.is_active and job.is_completing and not job.is_requeued_settled
+
+
+def test_final_state_with_completing_flag_reads_completing_but_requeued_stays_pending():
+    assert split_job_state(["CANCELLED", "COMPLETING"]) == ("COMPLETING", ("COMPLETING", "CANCELLED"))
+    assert split_job_state(["FAILED", "COMPLETING"]) == ("COMPLETING", ("COMPLETING", "FAILED"))
+    assert split_job_state(["PENDING", "COMPLETING"]) == ("PENDING", ("COMPLETING",))
+    assert split_job_state(["RUNNING", "COMPLETING"]) == ("RUNNING", ("COMPLETING",))
+    assert split_job_state(["CANCELLED"]) == ("CANCELLED", ())
+
+
 def test_2411_reference_pending_and_held():
     jobs = {j.job_id: j for j in parse_jobs(load(REFERENCE_2411 / "squeue_2411.json"))}
     assert jobs[1].state == "PENDING" and not jobs[1].held and jobs[1].gpus_per_node == 2
