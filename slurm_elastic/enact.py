@@ -10,6 +10,7 @@ Order of backend calls (the contract the daemon and the simulator share):
   resize not acknowledged within ``ack_timeout_s`` is dropped, the job left running as it is, and the
   result says so.
 - **Preempt**: as a resize, but after ``requeue_hold`` the job stays held (decision unchanged).
+- **Hold**: ``hold`` a released job that Slurm could not place (it is pending again).
 
 The enactor never blocks: :meth:`Enactor.apply` starts actions, :meth:`Enactor.poll` moves in-flight
 resizes on (call it every few seconds in the daemon; the simulator calls it after every event). The
@@ -133,6 +134,9 @@ class Enactor:
                 if isinstance(a, pl.Start):
                     self._place(a)
                     out.append(self._result(a, "done"))
+                elif isinstance(a, pl.Hold):
+                    self.backend.hold(a.job_id)
+                    out.append(self._result(a, "done"))
                 else:
                     self._step(a, "signal")
                     self.backend.signal(a.job_id, self.signal_name)
@@ -204,6 +208,7 @@ def run_cycle(
     node_size: int | None = None,
     default_restart_s: float = 45.0,
     horizon_s: float = 3600.0,
+    placement: bool = True,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``."""
     enactor.poll()
@@ -227,9 +232,11 @@ def run_cycle(
     the_plan = pl.plan(
         alloc, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
         config=planner_config or pl.PlannerConfig(),
+        node_free=snap.node_free if placement else None,
     )
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).
-    ok = [r.action for r in results if (r.action.kind == "start" and r.status == "done") or r.status == "begun"]
+    ok = [r.action for r in results
+          if (r.action.kind in ("start", "hold") and r.status == "done") or r.status == "begun"]
     state.books = pl.update_books(state.books, ok, now)
     return CycleResult(snap, alloc, the_plan, tuple(results))

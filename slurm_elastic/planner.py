@@ -26,6 +26,15 @@ running jobs at their current size, plus in-flight jobs at their target. Shrinks
 with the reason "waiting for GPUs". A policy whose allocation fits the capacity never hits the gate;
 it matters when cooldowns or the in-flight limit defer a shrink that the policy counted on.
 
+Placement gate (when the driver passes ``node_free``, the free GPUs per node as Slurm reports them):
+the planner places every action best-fit on that map, as Slurm would. A released job that Slurm has
+not started (``starting``) keeps its place if it fits; if it does not fit and has waited
+``start_timeout_s``, it is held again (:class:`Hold`) and goes back to pending, so that a job Slurm
+cannot place (GPUs free in total but scattered over nodes) does not reserve GPUs forever. A start that
+cannot be placed at the policy's k starts at the largest allowed k' < k that can be placed and runs the
+same batch (``start_smaller``; off for gang-scheduled policies such as ``static``), else waits. A grow
+that cannot be placed is left for a later cycle. A shrink always fits in the GPUs it frees.
+
 Placement: ``nodes`` and GPUs per node follow :meth:`ElasticSpec.placement` (k <= node size on one
 node, larger k on whole nodes), unless the policy already gave a node count.
 """
@@ -51,6 +60,8 @@ class PlannerConfig:
     max_in_flight: int = 8  # most resizes/preemptions under way at once
     min_relative_gain: float = 0.0  # grows below (1 + this) x current throughput are skipped
     allow_preemption: bool = False
+    start_smaller: bool = True  # no placement at k: start at the largest placeable allowed k' < k
+    start_timeout_s: float = 120.0  # a released job Slurm has not placed by then, and cannot, is held again
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,8 @@ class JobView:
     batch: int | None = None
     samples_per_s: float = 0.0  # current throughput, when known (for min_relative_gain)
     spec: object | None = None  # the ElasticSpec, for placement
+    nodes: tuple[str, ...] = ()  # nodes it runs on (running / in flight)
+    gpus_per_node: int = 0  # its GPUs on each of those nodes
 
 
 @dataclass(frozen=True)
@@ -110,13 +123,23 @@ class Preempt:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Hold again a job released earlier that Slurm cannot place (it goes back to pending)."""
+
+    job_id: int | str
+    gpus: int = 0
+    reason: str = ""
+    kind: str = "hold"
+
+
+@dataclass(frozen=True)
 class Leave:
     job_id: int | str
     reason: str = ""
     kind: str = "leave"
 
 
-Action = Start | Resize | Preempt | Leave
+Action = Start | Resize | Preempt | Hold | Leave
 
 
 @dataclass(frozen=True)
@@ -155,6 +178,41 @@ def _decision(alloc: JobAllocation, view: JobView, node_size: int, seq: int) -> 
     return Decision(gpus=k, nodes=nodes, batch=batch, local_batch=local, accum=max(1, alloc.accum), seq=seq), nodes, k // nodes
 
 
+class _Placer:
+    """Best-fit placement on a map of free GPUs per node, the way the simulated Slurm places jobs."""
+
+    def __init__(self, free: Mapping[str, int], node_size: int):
+        self.free = dict(free)
+        self.node_size = node_size
+
+    def shape(self, v: JobView, k: int) -> tuple[int, int]:
+        if v.spec is not None:
+            try:
+                return v.spec.placement(k, self.node_size)
+            except ValueError:
+                pass
+        return (1, k) if k <= self.node_size else (-(-k // self.node_size), self.node_size)
+
+    def take(self, nodes: int, gpn: int) -> list[str] | None:
+        cands = sorted((f, n) for n, f in self.free.items() if f >= gpn)
+        if len(cands) < nodes:
+            return None
+        chosen = [n for _, n in cands[:nodes]]
+        for n in chosen:
+            self.free[n] -= gpn
+        return chosen
+
+    def give_back(self, names, gpn: int) -> None:
+        for n in names:
+            if n in self.free:
+                self.free[n] += gpn
+
+    def reserve(self, names, gpn: int) -> None:
+        for n in names:
+            if n in self.free:
+                self.free[n] -= gpn
+
+
 def plan(
     allocation: Allocation,
     jobs: Iterable[JobView],
@@ -164,10 +222,12 @@ def plan(
     capacity: int,
     node_size: int,
     config: PlannerConfig = PlannerConfig(),
+    node_free: Mapping[str, int] | None = None,
 ) -> Plan:
     """The actions that carry ``allocation`` out, under the rules in the module docstring.
 
-    ``jobs`` are in priority order; a job missing from the allocation is left alone.
+    ``jobs`` are in priority order; a job missing from the allocation is left alone. ``node_free``
+    (free GPUs per managed node now, as Slurm reports them) turns on the placement gate.
     """
     views = list(jobs)
     actions: dict[int | str, Action] = {}
@@ -176,14 +236,19 @@ def plan(
     shrinks: list[_Pending] = []
     grows: list[_Pending] = []
     starts: list[_Pending] = []
+    waiting: list[JobView] = []
     deferred = 0
+    placer = _Placer(node_free, node_size) if node_free is not None else None
     for i, v in enumerate(views):
         a = allocation.jobs.get(v.job_id)
         if v.status in (IN_FLIGHT, STARTING):
             committed += v.gpus
             if v.status == IN_FLIGHT:
                 in_flight += 1
-            actions[v.job_id] = Leave(v.job_id, "in flight" if v.status == IN_FLIGHT else "starting")
+                actions[v.job_id] = Leave(v.job_id, "in flight")
+            else:
+                waiting.append(v)
+                actions[v.job_id] = Leave(v.job_id, "starting")
             continue
         if v.status == RUNNING:
             committed += v.gpus
@@ -218,6 +283,19 @@ def plan(
                 continue
         (shrinks if a.gpus < v.gpus else grows).append(_Pending(v, a, i))
 
+    # Released jobs Slurm has not started: reserve their placement; one that has waited past the
+    # timeout and cannot be placed now is held again, and its GPUs go back to the pool.
+    if placer is not None:
+        for v in waiting:
+            n, g = placer.shape(v, v.gpus)
+            if placer.take(n, g) is not None:
+                continue
+            book = books.get(v.job_id, JobBook())
+            if book.last_change_s is not None and now - book.last_change_s >= config.start_timeout_s:
+                committed -= v.gpus
+                actions[v.job_id] = Hold(v.job_id, v.gpus, f"Slurm could not place {v.gpus} GPUs in "
+                                         f"{now - book.last_change_s:.0f}s; held again")
+
     def take_slot(p: _Pending) -> bool:
         nonlocal in_flight, deferred
         if in_flight >= config.max_in_flight:
@@ -227,44 +305,90 @@ def plan(
         in_flight += 1
         return True
 
+    def seq_of(v: JobView) -> int:
+        return books.get(v.job_id, JobBook()).seq + 1
+
     for p in shrinks:
         if not take_slot(p):
             continue
         v, a = p.view, p.alloc
         committed -= v.gpus - a.gpus
+        if placer is not None:
+            placer.give_back(v.nodes, v.gpus_per_node)
         if a.gpus == 0:
             actions[v.job_id] = Preempt(v.job_id, v.gpus, a.reason or "policy: preempt")
-        else:
-            seq = books.get(v.job_id, JobBook()).seq + 1
-            d, nodes, gpn = _decision(a, v, node_size, seq)
-            actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink")
+            continue
+        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
+        if placer is not None:
+            placer.take(nodes, gpn)  # fits in the GPUs it frees
+        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink")
     for p in starts:
         v, a = p.view, p.alloc
-        if committed + a.gpus > capacity:
+        k, why = a.gpus, a.reason or "policy: start"
+        if committed + k > capacity:
             actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
             deferred += 1
             continue
-        committed += a.gpus
-        seq = books.get(v.job_id, JobBook()).seq + 1
-        d, nodes, gpn = _decision(a, v, node_size, seq)
-        actions[v.job_id] = Start(v.job_id, a.gpus, nodes, gpn, d, a.reason or "policy: start")
+        if placer is not None:
+            k = _placeable(placer, v, a, config.start_smaller)
+            if k == 0:
+                actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
+                deferred += 1
+                continue
+            if k != a.gpus:
+                why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
+                a = _at(a, v, k)
+        committed += k
+        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
+        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why)
     for p in grows:
         v, a = p.view, p.alloc
         if committed + a.gpus - v.gpus > capacity:
             actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
             deferred += 1
             continue
+        if placer is not None:
+            placer.give_back(v.nodes, v.gpus_per_node)
+            n, g = placer.shape(v, a.gpus)
+            if placer.take(n, g) is None:
+                placer.reserve(v.nodes, v.gpus_per_node)
+                actions[v.job_id] = Leave(v.job_id, f"no placement for {a.gpus} GPUs")
+                deferred += 1
+                continue
         if not take_slot(p):
             continue
         committed += a.gpus - v.gpus
-        seq = books.get(v.job_id, JobBook()).seq + 1
-        d, nodes, gpn = _decision(a, v, node_size, seq)
+        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow")
     ordered = tuple(actions[v.job_id] for v in views if v.job_id in actions)
-    # Execution order: shrinks and preemptions first (they return GPUs), then starts, then grows.
-    rank = {"preempt": 0, "resize": 1, "start": 2, "leave": 4}
+    # Execution order: holds, shrinks and preemptions first (they return GPUs), then starts, then grows.
+    rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 2, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (2 if x.kind == "resize" and not x.is_shrink else 0)))
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
+
+
+def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool) -> int:
+    """The GPU count to start at: the policy's if it can be placed, else (with ``smaller``) the largest
+    allowed count below it that can be placed and runs the same batch; 0 if none."""
+    n, g = placer.shape(v, a.gpus)
+    if placer.take(n, g) is not None:
+        return a.gpus
+    if not smaller or v.spec is None:
+        return 0
+    batch = a.batch
+    for k in sorted((c for c in v.spec.allowed_gpu_counts(placer.node_size) if c < a.gpus), reverse=True):
+        if batch and v.spec.split_batch(k, batch) is None:
+            continue
+        n, g = placer.shape(v, k)
+        if placer.take(n, g) is not None:
+            return k
+    return 0
+
+
+def _at(a: JobAllocation, v: JobView, k: int) -> JobAllocation:
+    """The allocation ``a`` moved to ``k`` GPUs at the same global batch."""
+    local, accum = v.spec.split_batch(k, a.batch) if a.batch else (a.local_batch, a.accum)
+    return replace(a, gpus=k, nodes=0, local_batch=local, accum=accum, samples_per_s=0.0)
 
 
 def update_books(
@@ -280,4 +404,6 @@ def update_books(
             out[a.job_id] = replace(b, last_change_s=now, seq=a.decision.seq, rescales=b.rescales + 1)
         elif isinstance(a, Preempt):
             out[a.job_id] = replace(b, last_change_s=now, rescales=b.rescales + 1)
+        elif isinstance(a, Hold):
+            out[a.job_id] = replace(b, last_change_s=now)
     return out

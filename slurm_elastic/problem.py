@@ -62,6 +62,7 @@ class Snapshot:
     non_elastic_gpus: int
     node_size: int
     decisions: Mapping[int, Decision] = field(default_factory=dict)
+    node_free: Mapping[str, int] = field(default_factory=dict)  # free GPUs per managed node, now
 
 
 class SpecCache:
@@ -242,7 +243,8 @@ def build_problem(
                 wait_s=wait,
             )
         )
-        views.append(JobView(r.job_id, status, gpus, batch, sps, spec))
+        on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
+        views.append(JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0))
 
     if non_elastic_per_node:
         free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None
@@ -267,4 +269,5 @@ def build_problem(
         non_elastic_gpus=non_elastic_gpus,
         node_size=size,
         decisions=decisions,
+        node_free={n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurm_elastic import enact
 from slurm_elastic.backends.base import JobRecord
@@ -109,6 +109,9 @@ class Simulation:
     ):
         self.workload = sorted(workload, key=lambda j: j.arrival_s)
         self.policy = policy
+        if getattr(policy, "name", "") == "static" and config.planner.start_smaller:
+            # static is gang scheduling at the requested size: it waits for its GPUs, as Slurm does.
+            config = replace(config, planner=replace(config.planner, start_smaller=False))
         self.config = config
         self._model_for_job = model_for_job or (lambda w: model_for_spec(w.spec, config.gpus_per_node))
 

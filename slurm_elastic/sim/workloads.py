@@ -25,7 +25,8 @@ order, blank optional cells take their default)::
 **Synthetic** (:func:`synthetic`): Poisson arrivals at ``rate_per_h`` jobs/hour, apps drawn from a
 mix, and each job's size drawn from the Philly trace (packaged ``data/philly/jobs.csv``): a Philly
 job's duration d (clipped to [``min_duration_s``, ``max_duration_s``]) and GPU count g become a job of
-the drawn app asking for g GPUs (nearest allowed) at the app's typical per-GPU batch, whose total
+the drawn app asking for g GPUs (nearest allowed) at the app's typical per-GPU batch
+(:data:`TYPICAL_LOCAL_BATCH`) times g, whose total
 samples are what it processes in d seconds at that size. Seeded with numpy's PCG64: same seed, same jobs.
 
 **sacct import** (:func:`read_sacct`): ``sacct -P -X --format=JobID,JobName,Submit,Start,End,AllocTRES``
@@ -66,9 +67,10 @@ POLLUX_WORK = {
     "ncf": (4_971_008, 10),
     "yolov3": (16_552, 50),
 }
-# Typical per-GPU batch users asked for in the Pollux workloads (median of batch_size/num_replicas
-# over workloads 1-5), used by the synthetic generator for the requested batch.
-TYPICAL_LOCAL_BATCH = {"bert": 32, "cifar10": 341, "deepspeech2": 53, "imagenet": 133, "ncf": 32768, "yolov3": 16}
+# Typical per-GPU batch users ask for, for the synthetic generator's requested batch: the median of
+# batch_size/num_replicas over the Pollux workloads 1-5 (bert 32, cifar10 341, deepspeech2 53,
+# imagenet 133, ncf 32768, yolov3 16) rounded to the nearest power of two, as users usually ask.
+TYPICAL_LOCAL_BATCH = {"bert": 32, "cifar10": 256, "deepspeech2": 64, "imagenet": 128, "ncf": 32768, "yolov3": 16}
 # The app mix of the Pollux workloads 1-5 (job counts), the synthetic generator's default.
 POLLUX_MIX = {"bert": 47, "cifar10": 296, "deepspeech2": 69, "imagenet": 15, "ncf": 337, "yolov3": 36}
 

@@ -107,3 +107,48 @@ def test_min_relative_gain_skips_small_grows_only():
 def test_job_missing_from_allocation_is_left_alone():
     p = pl.plan(Allocation({}), [view("a", pl.RUNNING, 4), view("b", pl.PENDING)], {}, 0.0, capacity=8, node_size=4)
     assert all(isinstance(a, pl.Leave) for a in p.actions) and p.committed_gpus == 4
+
+
+# ---- the placement gate (node_free given) ----
+
+def test_start_waits_or_starts_smaller_when_gpus_are_scattered():
+    # 8 free GPUs in total but 2 on each of 4 nodes: 8 GPUs need 2 whole nodes.
+    free = {"n1": 2, "n2": 2, "n3": 2, "n4": 2}
+    a = Allocation({"a": JobAllocation("a", 8, batch=8, local_batch=1)})
+    p = pl.plan(a, [view("a", pl.PENDING)], {}, 0.0, capacity=16, node_size=4, node_free=free)
+    s = p.actions[0]
+    assert isinstance(s, pl.Start) and (s.gpus, s.nodes, s.gpus_per_node) == (2, 1, 2)
+    assert (s.decision.batch, s.decision.local_batch) == (8, 4) and "placement" in s.reason
+    p = pl.plan(a, [view("a", pl.PENDING)], {}, 0.0, capacity=16, node_size=4, node_free=free,
+                config=pl.PlannerConfig(start_smaller=False))
+    assert isinstance(p.actions[0], pl.Leave) and "placement" in p.actions[0].reason
+    # Without the node map only the count gate applies.
+    p = pl.plan(a, [view("a", pl.PENDING)], {}, 0.0, capacity=16, node_size=4)
+    assert p.actions[0].gpus == 8
+
+
+def test_unplaceable_starting_job_is_held_after_the_timeout():
+    free = {"n1": 2, "n2": 2}
+    jobs = [view("a", pl.STARTING, 4), view("b", pl.PENDING)]
+    books = {"a": pl.JobBook(last_change_s=0.0, seq=1)}
+    alloc_ = Allocation({"a": JobAllocation("a", 4, batch=8, local_batch=2),
+                         "b": JobAllocation("b", 2, batch=8, local_batch=4)})
+    p = pl.plan(alloc_, jobs, books, 60.0, capacity=8, node_size=4, node_free=free)
+    assert kinds(p) == {"a": ("leave", None), "b": ("start", 2)}  # a still within its timeout
+    p = pl.plan(alloc_, jobs, books, 120.0, capacity=8, node_size=4, node_free=free)
+    assert isinstance(p.actions[0], pl.Hold) and p.actions[0].job_id == "a"
+    assert kinds(p)["b"] == ("start", 2) and p.committed_gpus == 2
+    assert pl.update_books(books, [p.actions[0]], 120.0)["a"].last_change_s == 120.0
+
+
+def test_grow_needs_a_placement_and_a_shrink_frees_its_nodes():
+    free = {"n1": 0, "n2": 1, "n3": 0}
+    jobs = [pl.JobView("g", pl.RUNNING, 2, 8, 0.0, SPEC, ("n1",), 2),
+            pl.JobView("s", pl.RUNNING, 4, 8, 0.0, SPEC, ("n3",), 4)]
+    # g wants 4 on one node: n1 holds only its own 2; s shrinking to 2 leaves 2 free on n3 (best fit
+    # puts s back on n3): g fits nowhere and waits; s's shrink goes ahead.
+    p = pl.plan(alloc(g=4, s=2), jobs, {}, 1000.0, capacity=12, node_size=4, node_free=free)
+    assert kinds(p) == {"s": ("resize", 2), "g": ("leave", None)}
+    # If s shrinks to 1 GPU, best fit puts it on n2's free GPU, n3 is whole again and g fits there.
+    p = pl.plan(alloc(g=4, s=1), jobs, {}, 1000.0, capacity=12, node_size=4, node_free=free)
+    assert kinds(p) == {"s": ("resize", 1), "g": ("resize", 4)}

@@ -150,3 +150,18 @@ def test_per_job_restart_cost_from_the_spec():
     assert out["A"].jct_s == pytest.approx(300.0)
     assert out["B"].jct_s == pytest.approx(740.0)
     assert out["B"].lost_gpu_s == pytest.approx(20 * 2 + 70 * 4)
+
+
+def test_scattered_gpus_do_not_block_a_start():
+    """Two 3-GPU static jobs (one per node, 10,000 s) leave 1 free GPU on each node. The policy gives
+    the elastic job the 2 GPUs left, which Slurm cannot place on one node: the planner starts it on 1
+    (at t=0), where it runs 100,000 / 100 = 1000 s. Without the placement gate it would wait 10,000 s."""
+    jobs = [
+        WorkloadJob(name="S1", arrival_s=0.0, spec=None, gpus=3, duration_s=10_000.0),
+        WorkloadJob(name="S2", arrival_s=0.0, spec=None, gpus=3, duration_s=10_000.0),
+        toy_job("E", 0.0, 100_000, max_gpus=2),
+    ]
+    res = run(jobs, EqualShare(), nodes=2)
+    out = {j.name: j for j in res.jobs}
+    assert out["E"].jct_s == pytest.approx(1000.0)
+    assert [(t, g) for t, g, _ in out["E"].sizes] == [(0.0, 1)]
