@@ -238,5 +238,7 @@ def run_cycle(
     # A start is done at once; a resize/preemption counts from when it began (its signal).
     ok = [r.action for r in results
           if (r.action.kind in ("start", "hold") and r.status == "done") or r.status == "begun"]
-    state.books = pl.update_books(state.books, ok, now)
+    books = pl.update_books(state.books, ok, now)
+    # Forget jobs Slurm no longer lists (finished), so a long-running daemon's books stay small.
+    state.books = {j: b for j, b in books.items() if j in snap.records or j in enactor.in_flight}
     return CycleResult(snap, alloc, the_plan, tuple(results))
