@@ -86,13 +86,19 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _time(fn, repeats: int, budget_s: float):
-    """Run once (warm-up), then up to ``repeats`` timed runs within ``budget_s``; returns (times, result)."""
+def _time(fn, repeats: int, budget_s: float, warm: bool = True):
+    """Up to ``repeats`` timed runs within ``budget_s``; returns (times, result, first run's time).
+
+    With ``warm`` the first run is a warm-up and not counted (numba dispatch, caches); without it
+    (the reference DP and HiGHS have nothing to warm) the first run counts too.
+    """
     t = time.perf_counter()
     result = fn()
     first = time.perf_counter() - t
-    times = []
-    n = repeats if first * repeats <= budget_s else max(0, int(budget_s / max(first, 1e-9)))
+    times = [] if warm else [first]
+    n = repeats - len(times)
+    if first * n > budget_s:
+        n = max(0, int(budget_s / max(first, 1e-9)) - len(times))
     for _ in range(n):
         t = time.perf_counter()
         result = fn()
@@ -141,14 +147,15 @@ def run_worker(solver, jobs, gpus, seed, node_size, admission, repeats, timeout_
             out.update(status=f"skipped: {ops:.3g} cell updates > --max-ref-ops {max_ref_ops:.3g}", median_s=None,
                        objective=None, peak_rss_mib=None, runs=0)
             return out
-        times, (obj, _), _ = _time(lambda: mckp_reference(*args), repeats, timeout_s)
+        times, (obj, _), _ = _time(lambda: mckp_reference(*args), repeats, timeout_s, warm=False)
     elif solver == "milp":
         try:
             from slurm_elastic.policies._milp import mckp_milp
         except ImportError:  # pragma: no cover - scipy missing
             out.update(status="skipped: scipy not installed", median_s=None, objective=None, peak_rss_mib=None)
             return out
-        times, (obj, _), first = _time(lambda: mckp_milp(*args, time_limit=timeout_s), repeats, timeout_s)
+        times, (obj, _), first = _time(lambda: mckp_milp(*args, time_limit=timeout_s), repeats, timeout_s,
+                                       warm=False)
         if obj is None:
             out.update(status=f"did not finish in {timeout_s:g}s", median_s=None, objective=None,
                        peak_rss_mib=_peak_mib(), runs=0)

@@ -61,15 +61,14 @@ class Plan:
 _ZERO7 = np.zeros((7, 1))
 
 
-def _tables(problem, fixed_batch: bool, efficiency=None, efficiency_key=None):
+def _tables(problem, fixed_batch: bool, effs):
     flex, chosen = [], []
     ns, cap = problem.node_size, problem.total_gpus
-    for req in problem.jobs:
-        f = job_table(req.model, req.spec, ns, cap, None, efficiency, efficiency_key)
+    for req, (eff, key) in zip(problem.jobs, effs, strict=True):
+        f = job_table(req.model, req.spec, ns, cap, None, eff, key)
         flex.append(f)
         if fixed_batch:
-            chosen.append(job_table(req.model, req.spec, ns, cap, req.spec.requested_batch, efficiency,
-                                    efficiency_key))
+            chosen.append(job_table(req.model, req.spec, ns, cap, req.spec.requested_batch, eff, key))
     return flex, (chosen if fixed_batch else flex)
 
 
@@ -80,13 +79,16 @@ def make_plan(
     admission: str = "priority",
     starvation_s: float = 3600.0,
     efficiency=None,
-    efficiency_key=None,
 ) -> Plan:
+    """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
+    per-job statistical-efficiency function (goodput objective), or None for throughput."""
     if admission not in ("priority", "joint"):
         raise ValueError(f"admission must be 'priority' or 'joint', not {admission!r}")
     jobs = problem.jobs
     n = len(jobs)
-    flex, tabs = _tables(problem, fixed_batch, efficiency, efficiency_key)
+    _none = (None, None)
+    effs = [efficiency(r) for r in jobs] if efficiency is not None else [_none] * n
+    flex, tabs = _tables(problem, fixed_batch, effs)
     refs = np.array([float(f.value[0]) if len(f) else 0.0 for f in flex])
     mins = [int(t.counts[0]) if len(t) and refs[j] > 0 else 0 for j, t in enumerate(tabs)]  # 0 = cannot run
     running = [r.running_gpus for r in jobs]
@@ -188,8 +190,9 @@ def make_plan(
         if cur is None or req.spec.split_batch(req.running_gpus, req.running_batch) is None:
             continue  # cannot keep what it runs now (out of range): any start is a restart
         cur_v = cur
-        if efficiency is not None:
-            cur_v = cur * float(efficiency(np.array([req.running_batch], dtype=np.float64))[0])
+        eff = effs[j][0]
+        if eff is not None:
+            cur_v = cur * float(eff(np.array([req.running_batch], dtype=np.float64))[0])
         keep_value = req.weight * cur_v / refs[j]
         if keep_value >= values[flat]:
             values[flat] = keep_value

@@ -36,13 +36,11 @@ class DPPolicy(Policy):
 
     def plan(self, problem: AllocationProblem) -> Plan:
         """Admission and the knapsack's choice arrays (the benchmark solves these with every solver)."""
-        eff = key = None
+        eff = None
         if self.objective == "goodput":
-            from slurm_elastic.profiles.goodput import efficiency_for
-
-            eff, key = efficiency_for(problem)
+            from slurm_elastic.profiles.goodput import efficiency_for_request as eff
         return make_plan(problem, fixed_batch=False, admission=self.admission, starvation_s=self.starvation_s,
-                         efficiency=eff, efficiency_key=key)
+                         efficiency=eff)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()

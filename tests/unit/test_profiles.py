@@ -154,3 +154,24 @@ def test_pollux_ranges_match_the_tables():
         lbs = {o.local_batch for o in pollux_observations(app)}
         assert min(lbs) == r["min_local_batch"]
         assert max(lbs) >= r["max_local_batch"]  # the allowed range is measured (yolov3 measured up to 16)
+
+
+def test_goodput_efficiency_from_validation_tables():
+    from slurm_elastic.profiles.goodput import pollux_efficiency, pollux_efficiency_table
+
+    b, e = pollux_efficiency_table("cifar10")
+    assert b[0] == 128 and e[0] == pytest.approx(1.0, abs=1e-3)
+    assert (np.diff(e) < 0).all() and 0.5 < e[-1] < 0.7  # 4096 is worth ~0.61 of a 128-batch sample
+    f = pollux_efficiency("cifar10")
+    assert f(np.array([128.0, 4096.0, 8192.0])).tolist() == pytest.approx([e[0], e[-1], e[-1]])
+    assert e[1] > f(np.array([362.0]))[0] > e[2]  # log-interpolated between 256 and 512
+
+
+def test_goodput_objective_picks_a_smaller_batch():
+    from slurm_elastic.policies import AllocationProblem, JobRequest, get_policy
+
+    spec = ElasticSpec(1, 4, 128, 4096, 1024, min_local_batch=32, profile="cifar10")
+    prob = AllocationProblem(4, 4, (JobRequest(0, spec, load_profile("cifar10")),))
+    thr = get_policy("dp").allocate(prob).jobs[0]
+    good = get_policy("dp", objective="goodput").allocate(prob).jobs[0]
+    assert good.batch < thr.batch and good.samples_per_s <= thr.samples_per_s
