@@ -55,7 +55,7 @@ def daemon(config_path, once, dry_run, state_dir, poll_interval_s):
             deadline = time.monotonic() + cfg.ack_timeout_s
             while d.enactor.in_flight and not dry_run and time.monotonic() < deadline:
                 time.sleep(1.0)
-                d.ack.records = {j.job_id: j for j in d.backend.list_jobs()}
+                d.records = {j.job_id: j for j in d.backend.list_jobs()}
                 d.enactor.poll()
                 d.db.save_books(d.state.books)
         else:

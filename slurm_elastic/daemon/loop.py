@@ -72,6 +72,9 @@ def event(level: int, msg: str, **kv) -> None:
 DEFAULT_MODEL = ParametricModel([0.01, 0.001, 0.01, 0.002, 0.02, 0.005], name="default")
 
 
+MIN_FIT_GPU_COUNTS = 3
+
+
 @dataclass
 class ModelRegistry:
     """Throughput model per job: online fit of reported points, else profile/points, else default."""
@@ -105,7 +108,10 @@ class ModelRegistry:
 
     def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
         obs = self.reported(job, spec)
-        if obs and (len({o.gpus for o in obs}) >= 2 or not (spec.profile or spec.points)):
+        # A six-term fit from reports at one or two GPU counts extrapolates wildly to the others (seen
+        # on the local cluster: a 4x error), so the job's prior stays in charge until it has reported
+        # at three or more GPU counts.
+        if len({o.gpus for o in obs}) >= MIN_FIT_GPU_COUNTS:
             key = (job.job_id, tuple(obs))
             model = self._fits.get(key)
             if model is None:
@@ -124,14 +130,13 @@ class ModelRegistry:
 class CheckpointDirAck:
     """A job acknowledged a stop when its ``stop-ack.<job>.<restart>.json`` is in its ckpt_dir."""
 
-    def __init__(self, backend: SlurmBackend):
-        self.backend = backend
-        self.records: dict[int, JobRecord] = {}
+    def __init__(self, records):
+        self.records = records  # callable: job id -> JobRecord of the latest read
 
     def checkpoint_acked(self, job_id: int) -> bool:
         from slurm_elastic.train.protocol import read_ack
 
-        job = self.records.get(int(job_id))
+        job = self.records().get(int(job_id))
         if job is None:
             return False
         try:
@@ -155,7 +160,7 @@ class DBJournal:
         self.daemon = daemon
 
     def step(self, action: pl.Action, step: str) -> None:
-        job = self.daemon.ack.records.get(int(action.job_id))
+        job = self.daemon.records.get(int(action.job_id))
         self.db.write_intent(action, step, job.restart_count if job else None)
         event(logging.INFO, "action step", job=action.job_id, action=action.kind, step=step)
 
@@ -176,6 +181,15 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
     for intent in db.open_intents():
         jid = intent["job_id"]
         if jid in enactor.in_flight:
+            try:
+                job = backend.get_job(jid)
+            except SlurmError:
+                continue
+            if job is None or not (job.is_running or job.is_completing):
+                # It ended (or Slurm requeued it) while we waited for its ack: nothing left to resize.
+                del enactor.in_flight[jid]
+                db.close_intent(jid)
+                done.append(f"job {jid}: in-flight resize dropped, the job is {job.state if job else 'gone'}")
             continue
         try:
             action = action_from_json(intent["action"])
@@ -198,15 +212,21 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
             if held_by_us:
                 enactor._place(action)  # update (idempotent) + release
                 db.close_intent(jid)
+                journal.daemon.record_result(action, "done", "finished after a daemon restart")
                 done.append(f"job {jid}: {action.kind} finished after restart (placed at {action.gpus} GPUs)")
             else:
                 db.close_intent(jid)
+                journal.daemon.record_result(action, "done", "had completed before a daemon restart")
                 done.append(f"job {jid}: {action.kind} had completed ({job.state})")
             continue
         if isinstance(action, (pl.Resize, pl.Preempt)):
             if step == "signal" or (step == "requeue_hold" and job.is_running):
                 if job.is_running and (intent["restart_count"] is None or job.restart_count == intent["restart_count"]):
-                    enactor.adopt(action, signalled_at=time.monotonic() - max(0.0, time.time() - intent["updated"]))
+                    if step == "signal":
+                        # The crash may have come before the signal went out: send it again (a second
+                        # USR2 only sets the job's stop flag again).
+                        backend.signal(jid, enactor.signal_name)
+                    enactor.adopt(action, signalled_at=enactor.clock() - max(0.0, time.time() - intent["updated"]))
                     done.append(f"job {jid}: resize re-adopted, waiting for its checkpoint ack")
                 else:
                     db.close_intent(jid)
@@ -217,6 +237,7 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
                 if held_by_us:
                     enactor._place(action)
                 db.close_intent(jid)
+                journal.daemon.record_result(action, "done", "finished after a daemon restart")
                 done.append(f"job {jid}: resize finished after restart")
             else:
                 db.close_intent(jid)
@@ -230,7 +251,7 @@ class Daemon:
     """One daemon instance: config, backend, state, enactor; :meth:`cycle` runs one cycle."""
 
     def __init__(self, config: DaemonConfig, backend: SlurmBackend | None = None, *, config_path=None,
-                 dry_run: bool = False):
+                 dry_run: bool = False, ack=None, clock=time.monotonic):
         from slurm_elastic.backends.cli import CliBackend
         from slurm_elastic.policies import get_policy
 
@@ -242,7 +263,9 @@ class Daemon:
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
         self.models = ModelRegistry()
-        self.ack = CheckpointDirAck(self.backend)
+        self.records: dict[int, JobRecord] = {}
+        self.ack = ack if ack is not None else CheckpointDirAck(lambda: self.records)
+        self.clock = clock
         self.cycle_no = 0
         self.policy = CappedPolicy(get_policy(config.policy), config.max_gpus_per_job, config.max_gpus_per_user)
         self.state = CycleState()
@@ -260,12 +283,12 @@ class Daemon:
         self.lock.acquire()
         self.db = StateDB(self.config.state_dir)
         self.journal = DBJournal(self.db, self)
-        self.enactor = Enactor(self.backend, self.ack, ack_timeout_s=self.config.ack_timeout_s,
+        self.enactor = Enactor(self.backend, self.ack, clock=self.clock, ack_timeout_s=self.config.ack_timeout_s,
                                signal=self.config.signal, journal=None if self.dry_run else self.journal)
         self.state.books = self.db.load_books()
         if not self.dry_run:
             try:
-                self.ack.records = {j.job_id: j for j in self.backend.list_jobs()}
+                self.records = {j.job_id: j for j in self.backend.list_jobs()}
                 reconcile(self.db, self.backend, self.enactor, self.journal)
             except SlurmError as e:
                 event(logging.ERROR, "cannot reconcile at start; will retry next cycle", error=str(e))
@@ -313,6 +336,12 @@ class Daemon:
             self.db.log_decision(self.cycle_no, int(action.job_id), action.kind, status, gpus_from=gpus_from,
                                  gpus_to=gpus_to, batch=decision.batch if decision else None,
                                  reason=getattr(action, "reason", ""), message=message)
+        if status == "done" and action.kind in ("resize", "preempt"):
+            # The cooldown counts from when the job runs at its new size, not from the signal.
+            from dataclasses import replace as _replace
+
+            book = self.state.books.get(action.job_id, pl.JobBook())
+            self.state.books[action.job_id] = _replace(book, last_change_s=self.clock())
         self.metrics.inc("slurm_elastic_actions_total", kind=action.kind, outcome=status)
         if action.kind == "resize" and status == "done":
             self.metrics.inc("slurm_elastic_rescales_total", direction="shrink" if action.is_shrink else "grow")
@@ -328,6 +357,12 @@ class Daemon:
         self.cycle_no += 1
         t0 = time.perf_counter()
         self.metrics.inc("slurm_elastic_cycles_total")
+        if not self.dry_run and self.enactor is not None:
+            # Finish acknowledged resizes *before* the cycle's read, so that the read shows their result.
+            try:
+                self.enactor.poll()
+            except SlurmError as e:
+                event(logging.ERROR, "cannot poll in-flight resizes", error=str(e))
         try:
             records = self.backend.list_jobs()
         except SlurmError as e:
@@ -336,7 +371,7 @@ class Daemon:
             self.backoff_s = min(max(2 * self.backoff_s, cfg.poll_interval_s), 300.0)
             event(logging.ERROR, "cycle skipped: cannot read Slurm", error=str(e), retry_in_s=self.backoff_s)
             return None
-        self.ack.records = {j.job_id: j for j in records}
+        self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
         if not self.dry_run and reconcile(self.db, self.backend, self.enactor, self.journal):
             try:  # reconcile acted: read again rather than plan on what it changed
@@ -344,12 +379,12 @@ class Daemon:
             except SlurmError as e:
                 event(logging.ERROR, "cycle skipped: cannot read Slurm", error=str(e))
                 return None
-            self.ack.records = {j.job_id: j for j in records}
-        now = time.monotonic()
+            self.records = {j.job_id: j for j in records}
+        now = self.clock()
         backend = _Snapshotted(self.backend, records)
         try:
             result = run_cycle(
-                backend, self.policy, self.enactor if not self.dry_run else _DryEnactor(self.enactor), self.state,
+                backend, self.policy, _NoPoll(self.enactor) if not self.dry_run else _DryEnactor(self.enactor), self.state,
                 model_for=self.models, now=now,
                 planner_config=pl.PlannerConfig(cooldown_s=cfg.cooldown_s, max_in_flight=cfg.max_in_flight,
                                                 allow_preemption=cfg.allow_preemption),
@@ -408,7 +443,7 @@ class Daemon:
             rows.append({
                 "job_id": v.job_id, "gpus": v.gpus, "target_gpus": a.gpus if a else None, "batch": v.batch,
                 "samples_per_s": sps, "efficiency": eff, "rescales": book.rescales if book else 0,
-                "last_change": (time.time() - (time.monotonic() - book.last_change_s))
+                "last_change": (time.time() - (self.clock() - book.last_change_s))
                 if book and book.last_change_s is not None else None,
                 "reason": plan_reason.get(v.job_id) or (a.reason if a else "") or "",
             })
@@ -440,7 +475,7 @@ class Daemon:
             while not self.stop_event.is_set() and time.monotonic() < deadline:
                 if self.enactor and self.enactor.in_flight and not self.dry_run:
                     try:
-                        self.ack.records = {j.job_id: j for j in self.backend.list_jobs()}
+                        self.records = {j.job_id: j for j in self.backend.list_jobs()}
                         self.enactor.poll()
                         self.db.save_books(self.state.books)
                     except SlurmError as e:
@@ -475,6 +510,23 @@ class _Snapshotted(SlurmBackend):
 
     def signal(self, job_id, signal="USR2", *, batch_only=False):
         return self.inner.signal(job_id, signal, batch_only=batch_only)
+
+
+class _NoPoll:
+    """The enactor as run_cycle sees it: the daemon polls before its one read, so the snapshot stays true."""
+
+    def __init__(self, real: Enactor):
+        self.real = real
+        self.in_flight = real.in_flight
+
+    def in_flight_targets(self):
+        return self.real.in_flight_targets()
+
+    def poll(self):
+        return []
+
+    def apply(self, actions):
+        return self.real.apply(actions)
 
 
 class _DryEnactor:

@@ -1,0 +1,204 @@
+"""The daemon's pieces over the simulated backend: config, lock, state, caps, crash recovery at every step."""
+
+import urllib.request
+
+import pytest
+
+from slurm_elastic import planner as pl
+from slurm_elastic.backends.simulated import SimulatedSlurm
+from slurm_elastic.daemon.caps import CappedPolicy
+from slurm_elastic.daemon.config import ConfigError, config_from_dict, load_config
+from slurm_elastic.daemon.loop import Daemon, ModelRegistry
+from slurm_elastic.daemon.metrics import Metrics, MetricsServer
+from slurm_elastic.daemon.state import DaemonLock, LockHeld, StateDB, action_from_json, action_to_json
+from slurm_elastic.policies import get_policy
+from slurm_elastic.policies.base import AllocationProblem, JobRequest
+from slurm_elastic.profiles import load_profile
+from slurm_elastic.spec import Decision, parse_spec
+
+SPEC_A = "elastic:min_gpus=1,max_gpus=8,min_batch=128,max_batch=4096,max_local_batch=512,batch=256,profile=cifar10"
+SPEC_B = "elastic:min_gpus=2,max_gpus=4,min_batch=128,max_batch=2048,max_local_batch=512,batch=256,profile=cifar10"
+
+
+def test_config_defaults_and_errors(tmp_path):
+    cfg = load_config(tmp_path / "missing.toml", must_exist=False) if False else config_from_dict({})
+    assert cfg.policy == "dp" and cfg.metrics_address == "127.0.0.1" and cfg.max_in_flight == 4
+    p = tmp_path / "elastic.toml"
+    p.write_text('[daemon]\npartitions = ["gpu", "a100"]\npoll_interval_s = 5\nmax_gpus_per_user = 16\n')
+    cfg = load_config(p)
+    assert cfg.partitions == ("gpu", "a100") and cfg.poll_interval_s == 5.0 and cfg.max_gpus_per_user == 16
+    for text, key in [("pollinterval = 3", "pollinterval"), ('policy = "best"', "policy"),
+                      ("max_in_flight = -1", "max_in_flight"), ('cooldown_s = "soon"', "cooldown_s"),
+                      ("allow_preemption = 1", "allow_preemption"), ("metrics_port = 70000", "metrics_port")]:
+        p.write_text(text + "\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(p)
+        assert key in str(e.value) and str(p) in str(e.value)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.toml")
+    p.write_text("partitions = [\n")
+    with pytest.raises(ConfigError):
+        load_config(p)
+
+
+def test_only_one_daemon_per_state_dir(tmp_path):
+    with DaemonLock(tmp_path):
+        with pytest.raises(LockHeld, match="pid"):
+            DaemonLock(tmp_path).acquire()
+    DaemonLock(tmp_path).acquire()  # free again once the first let go
+
+
+def test_state_files_are_not_world_writable(tmp_path):
+    db = StateDB(tmp_path / "state")
+    db.close()
+    for p in (tmp_path / "state", tmp_path / "state" / "state.sqlite3"):
+        assert p.stat().st_mode & 0o002 == 0
+
+
+def test_actions_round_trip_through_the_intent_table(tmp_path):
+    db = StateDB(tmp_path)
+    d = Decision(gpus=8, nodes=2, batch=512, local_batch=64, seq=2)
+    for a in [pl.Start(5, 8, 2, 4, d, reason="admitted"), pl.Resize(6, 4, 8, 2, 4, d, reason="grow"),
+              pl.Preempt(7, 4, reason="x")]:
+        assert action_from_json(action_to_json(a)) == a
+        db.write_intent(a, "signal", restart_count=3)
+    assert [(i["job_id"], i["step"], i["restart_count"]) for i in db.open_intents()] == [(5, "signal", 3), (6, "signal", 3),
+                                                                                       (7, "signal", 3)]
+    db.write_intent(pl.Resize(6, 4, 8, 2, 4, d), "update")
+    db.close_intent(5)
+    assert {i["job_id"]: i["step"] for i in db.open_intents()} == {6: "update", 7: "signal"}
+
+
+def _request(jid, spec, running=0):
+    s = parse_spec(spec)
+    return JobRequest(jid, s, load_profile("cifar10"), running_gpus=running, running_batch=256 if running else None)
+
+
+def test_caps_hold_whatever_jobs_ask():
+    jobs = tuple(_request(i, SPEC_A) for i in range(1, 5))
+    problem = AllocationProblem(total_gpus=32, node_size=4, jobs=jobs)
+    free = get_policy("dp").allocate(problem)
+    assert max(a.gpus for a in free.jobs.values()) > 4
+    capped = CappedPolicy(get_policy("dp"), max_gpus_per_job=4).allocate(problem)
+    assert max(a.gpus for a in capped.jobs.values()) <= 4 and sum(a.gpus for a in capped.jobs.values()) >= 4
+    users = {1: "ann", 2: "ann", 3: "ann", 4: "bob"}
+    per_user = CappedPolicy(get_policy("dp"), max_gpus_per_user=6, user_of=users).allocate(problem)
+    ann = sum(per_user.jobs[j].gpus for j in (1, 2, 3))
+    assert ann <= 6 and per_user.jobs[4].gpus <= 6
+    for a in per_user.jobs.values():
+        if a.gpus:
+            spec = parse_spec(SPEC_A)
+            assert spec.split_batch(a.gpus, a.batch) == (a.local_batch, a.accum)
+    big = "elastic:min_gpus=8,max_gpus=8,min_batch=128,max_batch=4096,max_local_batch=512,profile=cifar10"
+    res = CappedPolicy(get_policy("dp"), max_gpus_per_job=4).allocate(
+        AllocationProblem(total_gpus=32, node_size=4, jobs=(_request(9, big),)))
+    assert res.jobs[9].gpus == 0 and "per-job cap" in res.jobs[9].reason
+
+
+class Crash(Exception):
+    """Stands for SIGKILL of the daemon at one step of an action."""
+
+
+class CrashingJournal:
+    def __init__(self, inner, kind, step):
+        self.inner, self.kind, self.step_name = inner, kind, step
+
+    def step(self, action, step):
+        self.inner.step(action, step)  # the intent is on disk first, as in the real daemon
+        if action.kind == self.kind and step == self.step_name:
+            raise Crash(step)
+
+    def finish(self, action, status, message):
+        self.inner.finish(action, status, message)
+
+
+def _daemon(sim, state_dir):
+    cfg = config_from_dict({"state_dir": str(state_dir), "metrics_address": "", "cooldown_s": 0, "restart_cost_s": 5,
+                            "ack_timeout_s": 600})
+    d = Daemon(cfg, backend=sim, ack=sim, clock=lambda: sim.now)
+    d.open()
+    return d
+
+
+def _run(sim, d, until, step=20.0):
+    while sim.now < until:
+        d.cycle()
+        sim.advance_to(sim.now + step)
+
+
+@pytest.mark.parametrize("step", ["signal", "requeue_hold", "update", "release"])
+def test_daemon_killed_at_each_step_of_a_resize_recovers(tmp_path, step):
+    sim = SimulatedSlurm(nodes=2, gpus_per_node=4, checkpoint_s=5, restart_s=10)
+    model = load_profile("cifar10")
+    a = sim.submit(name="A", gpus_per_node=1, comment=SPEC_A, total_samples=4e6, model=model)
+    d = _daemon(sim, tmp_path)
+    _run(sim, d, 60)
+    assert sim.get_job(a).is_running and sim.get_job(a).gpus_total == 8
+    b = sim.submit(name="B", gpus_per_node=1, comment=SPEC_B, total_samples=2e5, model=model)
+    d.enactor.journal = CrashingJournal(d.journal, "resize", step)
+    crashed = False
+    try:
+        for _ in range(20):
+            d.cycle()
+            sim.advance_to(sim.now + 5)
+    except Crash:
+        crashed = True
+    assert crashed
+    d.close()  # the process is gone: its lock and database handle with it
+    # A fresh daemon on the same state dir finishes or rolls back what was half done.
+    d2 = _daemon(sim, tmp_path)
+    for _ in range(400):
+        if not sim.active:
+            break
+        d2.cycle()
+        sim.advance_to(sim.now + 20)
+    assert not sim.active, {j: (x.state, x.held) for j, x in sim.active.items()}  # every job completed
+    done = {j.job_id: j for j in sim.finished}
+    assert set(done) == {a, b}
+    log = d2.db.decisions(a)
+    resizes = [r for r in log if r["action"] == "resize" and r["status"] == "done"]
+    # A was restarted exactly as often as the log says it was resized: nothing resized twice by mistake.
+    assert done[a].restart_count == len(resizes)
+    assert any(r["message"].endswith("daemon restart") for r in log) == (step in ("update", "release"))
+    for prev, cur in zip(resizes, resizes[1:]):
+        assert cur["gpus_from"] == prev["gpus_to"]
+    assert not d2.db.open_intents()
+    d2.close()
+
+
+def test_model_registry_keeps_the_prior_until_three_gpu_counts_are_reported(tmp_path):
+    import json
+
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    spec = parse_spec(SPEC_A + f",ckpt_dir={ckpt}")
+    from slurm_elastic.backends.base import JobRecord
+
+    job = JobRecord(job_id=3, name="x", user="u", partition="gpu", state="RUNNING", comment=spec.to_comment())
+    reg = ModelRegistry(node_size=4)
+    assert reg(job, spec) is load_profile("cifar10")
+    pts = [{"gpus": 1, "batch": 256, "samples_per_s": 100.0}, {"gpus": 2, "batch": 256, "samples_per_s": 190.0}]
+    (ckpt / "throughput.json").write_text(json.dumps({"format": 1, "points": pts}))
+    assert reg(job, spec) is load_profile("cifar10")
+    pts.append({"gpus": 4, "batch": 512, "samples_per_s": 350.0})
+    (ckpt / "throughput.json").write_text(json.dumps({"format": 1, "points": pts}))
+    fitted = reg(job, spec)
+    assert fitted is not load_profile("cifar10") and reg.sources[3].startswith("reported")
+    assert fitted.samples_per_s(2, 1, 128) == pytest.approx(190.0, rel=0.15)
+
+
+def test_metrics_endpoint_serves_prometheus_text_on_localhost():
+    m = Metrics()
+    m.inc("slurm_elastic_rescales_total", direction="grow")
+    m.set("slurm_elastic_jobs", 3, state="running")
+    srv = MetricsServer(m, "127.0.0.1", 0)
+    srv.start()
+    try:
+        host, port = srv.address
+        assert host == "127.0.0.1"
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        srv.stop()
+    assert '# TYPE slurm_elastic_rescales_total counter' in body
+    assert 'slurm_elastic_rescales_total{direction="grow"} 1' in body
+    assert 'slurm_elastic_jobs{state="running"} 3' in body
