@@ -4,7 +4,7 @@ SE := $(VENV)/bin/slurm-elastic
 STATE_DIR ?= $(CURDIR)/.cluster
 export SLURM_ELASTIC_CLUSTER_DIR := $(STATE_DIR)
 
-.PHONY: setup demo test test-unit down lint capture-fixtures
+.PHONY: setup demo test test-unit down lint capture-fixtures chroot
 
 setup:
 	bash scripts/setup.sh
@@ -25,5 +25,10 @@ down:
 lint:
 	$(VENV)/bin/ruff check slurm_elastic tests scripts
 
+# The other Debian release's Slurm in a cached chroot (setup runs this too; SLURM_ELASTIC_CHROOT=0 skips it).
+chroot: setup
+	$(SE) cluster prepare
+
+# Record squeue/nodes JSON from every Slurm version of this machine (host + chroot) into tests/fixtures/.
 capture-fixtures: setup
-	$(VENV)/bin/python scripts/capture_fixtures.py
+	$(VENV)/bin/python scripts/capture_fixtures.py --slurm all

@@ -66,7 +66,7 @@ def main() -> int:
         if args.state_dir:
             sys.exit("--slurm all starts its own clusters; it cannot be used with --state-dir")
         other = other_release()
-        return max(capture(None, args.out, None), capture(other, args.out, None) if other else 0)
+        return max(capture(None, args.out, None), capture(None, args.out, other) if other else 0)
     return capture(args.state_dir, args.out, resolve_release(args.slurm))
 
 
