@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: a local Slurm with 4 nodes x 4 fake GPUs, an elastic job on it, and what it looks like.
+# The main job: a local Slurm with 4 nodes x 4 fake GPUs; elastic torch DDP jobs and a non-elastic job
+# compete for the 16 GPUs under the slurm-elastic daemon, which admits, shrinks and grows them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SE=.venv/bin/slurm-elastic
@@ -7,11 +8,6 @@ $SE cluster up --nodes 4 --gpus-per-node 4
 export SLURM_CONF="${SLURM_ELASTIC_CLUSTER_DIR:-$HOME/.local/state/slurm-elastic/cluster}/etc/slurm.conf"
 echo; echo "== sinfo"; sinfo -N -o "%N %t %G"
 echo; echo "== slurm-elastic cluster status"; $SE cluster status
-work=$(mktemp -d /tmp/slurm-elastic-demo.XXXXXX); chmod 755 "$work"
-printf '#!/bin/bash\nsleep 30\n' > "$work/job.sh"
-jid=$(sbatch --parsable --hold --requeue -o /dev/null -D "$work" --gres=gpu:2 \
-  --comment="elastic:min_gpus=1,max_gpus=8,min_batch=128,max_batch=4096,max_local_batch=512,batch=256" "$work/job.sh")
-echo; echo "== an elastic job (held, as the submit plugin will hold it): slurm-elastic status"
-$SE status
-scancel "$jid"
+echo; echo "== the demo: elastic jobs A (1-8 GPUs), B and C (2-4 GPUs) and one non-elastic job (8 GPUs)"
+.venv/bin/python -m slurm_elastic.demo --state-dir "${SLURM_ELASTIC_CLUSTER_DIR:-$HOME/.local/state/slurm-elastic/cluster}"
 echo; echo "The cluster stays up: export SLURM_CONF=$SLURM_CONF to use it; 'make down' stops it."

@@ -202,3 +202,16 @@ def test_metrics_endpoint_serves_prometheus_text_on_localhost():
     assert '# TYPE slurm_elastic_rescales_total counter' in body
     assert 'slurm_elastic_rescales_total{direction="grow"} 1' in body
     assert 'slurm_elastic_jobs{state="running"} 3' in body
+
+
+def test_documented_example_config_lists_every_key_with_its_default():
+    import tomllib
+    from dataclasses import fields
+    from pathlib import Path
+
+    from slurm_elastic.daemon.config import DEFAULTS
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "elastic.toml.example"
+    data = tomllib.loads(path.read_text())
+    assert set(data) == {f.name for f in fields(DEFAULTS) if f.name != "extra"}
+    assert config_from_dict(data) == DEFAULTS
