@@ -52,7 +52,7 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
     assert not [d for d in result.decisions if d["status"] == "error"], result.decisions
     for j in result.jobs:  # sizes chain: each resize starts from the size the previous action gave
         sizes = [d for d in by_job[j.job_id] if d["status"] == "done" and d["action"] in ("start", "resize")]
-        for prev, cur in zip(sizes, sizes[1:]):
+        for prev, cur in zip(sizes, sizes[1:], strict=False):
             assert cur["gpus_from"] == prev["gpus_to"], (j.name, sizes)
 
     # Exactly once, per job, across all its starts and world sizes.

@@ -160,7 +160,7 @@ def test_daemon_killed_at_each_step_of_a_resize_recovers(tmp_path, step):
     # A was restarted exactly as often as the log says it was resized: nothing resized twice by mistake.
     assert done[a].restart_count == len(resizes)
     assert any(r["message"].endswith("daemon restart") for r in log) == (step in ("update", "release"))
-    for prev, cur in zip(resizes, resizes[1:]):
+    for prev, cur in zip(resizes, resizes[1:], strict=False):
         assert cur["gpus_from"] == prev["gpus_to"]
     assert not d2.db.open_intents()
     d2.close()
