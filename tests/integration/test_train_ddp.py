@@ -46,13 +46,14 @@ WORKER = textwrap.dedent(
     p.add_argument("--ckpt-every", type=int, default=None)
     p.add_argument("--hang-in-ckpt", type=int, default=0)
     p.add_argument("--allreduce-check", action="store_true")
+    p.add_argument("--blob-mb", type=int, default=0)
     a = p.parse_args()
     rank = int(os.environ["SLURM_PROCID"])
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     ckpts = [0]
 
     def progress(nbytes):  # fault injection: stop in the middle of the Nth checkpoint write of this start
-        if a.hang_in_ckpt and ckpts[0] == a.hang_in_ckpt:
+        if a.hang_in_ckpt and ckpts[0] == a.hang_in_ckpt and nbytes > (a.blob_mb << 19):
             with open(os.path.join(a.out_dir, "hanging"), "w") as f:
                 f.write(str(nbytes))
             time.sleep(600)
@@ -81,6 +82,8 @@ WORKER = textwrap.dedent(
     ddp = job.wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     job.register(model=model, optimizer=opt)
+    if a.blob_mb:
+        job.extra["blob"] = torch.zeros(a.blob_mb << 18)  # float32: blob_mb MB of user state
     job.restore()
     seen = open(os.path.join(a.out_dir, f"seen.s{restart}.r{rank}.txt"), "a")
     n_this = 0
@@ -112,6 +115,78 @@ FAKE_SCONTROL = textwrap.dedent(
 )
 
 
+LAUNCHER = textwrap.dedent(
+    """
+    # Stands in for srun on one host: imports torch once, then forks one process per rank (as
+    # DataLoader workers are forked), each with the SLURM_* variables srun would give that task, its
+    # own log and its own pid; waits for them and records each rank's exit status.
+    import json, os, runpy, sys, traceback
+    import torch, torch.distributed, torch.nn.parallel.distributed, torch._dynamo  # the slow imports
+    import slurm_elastic.train.job
+    cfg = json.loads(sys.argv[1])
+    pids = []
+    for rank in cfg["ranks"]:
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(rank["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.environ.update(rank["env"])
+            sys.argv = [cfg["worker"], *cfg["args"]]
+            code = 0
+            try:
+                runpy.run_path(cfg["worker"], run_name="__main__")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        pids.append(pid)
+    with open(cfg["pids"] + ".tmp", "w") as f:
+        json.dump(pids, f)
+    os.replace(cfg["pids"] + ".tmp", cfg["pids"])
+    rcs = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    with open(cfg["rcs"], "w") as f:
+        json.dump(rcs, f)
+    """
+)
+
+
+class Start:
+    """One start of a job: the launcher process and its rank processes."""
+
+    def __init__(self, proc: subprocess.Popen, pids_file: Path, rcs_file: Path):
+        self.proc, self.pids_file, self.rcs_file = proc, pids_file, rcs_file
+
+    def pids(self, timeout: float = 120) -> list[int]:
+        deadline = time.time() + timeout
+        while not self.pids_file.exists():
+            assert time.time() < deadline and self.proc.poll() is None, "the launcher did not start the ranks"
+            time.sleep(0.05)
+        return json.loads(self.pids_file.read_text())
+
+    def wait(self, timeout: float = 180) -> list[int]:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            self.kill()
+        return json.loads(self.rcs_file.read_text())
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            if self.pids_file.exists():
+                for pid in json.loads(self.pids_file.read_text()):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Harness:
     def __init__(self, root: Path):
         self.root = root
@@ -121,6 +196,8 @@ class Harness:
         (self.bin / "scontrol").chmod(0o755)
         self.worker = root / "worker.py"
         self.worker.write_text(WORKER)
+        self.launcher = root / "launcher.py"
+        self.launcher.write_text(LAUNCHER)
 
     def set_record(self, job_id: int, comment: str = SPEC, decision: Decision | None = None) -> None:
         admin = decision.to_admin_comment() if decision else ""
@@ -130,36 +207,28 @@ class Harness:
             f"   StdOut=/dev/null\n"
         )
 
-    def start(self, job_id: int, world: int, restart: int, *args: str, nodes: int = 1) -> list[subprocess.Popen]:
-        procs = []
+    def start(self, job_id: int, world: int, restart: int, *args: str, nodes: int = 1) -> Start:
         per_node = -(-world // nodes)
+        ranks = []
         for r in range(world):
-            env = dict(os.environ)
-            env.pop("MASTER_PORT", None)
-            env.pop("MASTER_ADDR", None)
-            env.update({
-                "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
-                "FAKE_SLURM_DIR": str(self.root),
+            ranks.append({"log": str(self.root / f"log.{job_id}.s{restart}.r{r}.txt"), "env": {
                 "SLURM_JOB_ID": str(job_id), "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r % per_node),
                 "SLURM_NTASKS": str(world), "SLURM_JOB_NODELIST": f"node[1-{nodes}]" if nodes > 1 else "node1",
                 "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_RESTART_COUNT": str(restart), "SLURM_STEP_ID": "0",
-                "OMP_NUM_THREADS": "1",
-            })
-            log = open(self.root / f"log.{job_id}.s{restart}.r{r}.txt", "ab")
-            procs.append(subprocess.Popen([sys.executable, str(self.worker), *args], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
-            log.close()
-        return procs
+            }})
+        tag = f"{job_id}.s{restart}"
+        cfg = {"worker": str(self.worker), "args": list(args), "ranks": ranks,
+               "pids": str(self.root / f"pids.{tag}.json"), "rcs": str(self.root / f"rcs.{tag}.json")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("SLURM_") and k not in ("MASTER_ADDR", "MASTER_PORT")}
+        env.update({"PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}", "FAKE_SLURM_DIR": str(self.root),
+                    "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen([sys.executable, str(self.launcher), json.dumps(cfg)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=open(self.root / f"launcher.{tag}.txt", "ab"))
+        return Start(proc, Path(cfg["pids"]), Path(cfg["rcs"]))
 
-    def run(self, job_id: int, world: int, restart: int, *args: str, timeout: float = 120, **kw) -> list[int]:
-        procs = self.start(job_id, world, restart, *args, **kw)
-        try:
-            return [p.wait(timeout=timeout) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+    def run(self, job_id: int, world: int, restart: int, *args: str, timeout: float = 180, **kw) -> list[int]:
+        return self.start(job_id, world, restart, *args, **kw).wait(timeout)
 
     def log(self, job_id: int, restart: int, rank: int = 0) -> str:
         return (self.root / f"log.{job_id}.s{restart}.r{rank}.txt").read_text()
@@ -228,7 +297,7 @@ def test_exactly_once_across_world_sizes_1_2_4_3_with_batch_changes(tmp_path):
     batches = []
     for restart, (world, *_rest) in enumerate(plan):
         ranks = read_seen(out, restart, world)
-        for step_rows in zip(*ranks):
+        for step_rows in zip(*ranks, strict=True):
             epochs = {row[0] for row in step_rows}
             assert len(epochs) == 1  # ranks agree on the step
             idx = [i for row in step_rows for i in row[2]]
@@ -281,30 +350,31 @@ def test_sigkill_during_checkpoint_write_keeps_previous_and_resumes_from_it(tmp_
     job = 102
     common = ("--ckpt-dir", str(ckpt), "--out-dir", str(out), "--ckpt-every", "3")
     h.set_record(job, decision=Decision(gpus=2, nodes=1, batch=48, local_batch=24, accum=1, seq=1))
-    procs = h.start(job, 2, 0, *common, "--hang-in-ckpt", "2")
+    # A 4 MB user blob makes the checkpoint big enough that part of it is on disk when the write stops.
+    start = h.start(job, 2, 0, *common, "--hang-in-ckpt", "2", "--blob-mb", "4")
     try:
+        pids = start.pids()
         deadline = time.time() + 120
         while not (out / "hanging").exists():
-            assert time.time() < deadline, h.log(job, 0)
-            assert all(p.poll() is None for p in procs), h.log(job, 0)
+            assert time.time() < deadline and start.proc.poll() is None, h.log(job, 0)
             time.sleep(0.05)
-        for p in procs:
-            p.send_signal(signal.SIGKILL)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        rcs = start.wait(60)
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
+        start.kill()
+    assert rcs == [-signal.SIGKILL] * 2
     partial = list(ckpt.glob(".checkpoint.pt.*.tmp"))
     assert len(partial) == 1, list(ckpt.iterdir())  # the killed write left its temporary file, not checkpoint.pt
-    with pytest.raises(Exception):
+    assert partial[0].stat().st_size > 1 << 20  # really killed in the middle of writing
+    with pytest.raises(RuntimeError):  # "PytorchStreamReader failed reading zip archive ..."
         torch.load(partial[0])
     state = torch.load(ckpt / "checkpoint.pt")  # weights_only=True, torch's default
     assert state["optimizer_steps"] == 3 and state["offset"] == 3 * 48
     # The next start (at another world size) resumes from that checkpoint and ends where an
     # uninterrupted run ends.
     h.set_record(job, decision=Decision(gpus=1, nodes=1, batch=48, local_batch=24, accum=2, seq=2))
-    rcs = h.run(job, 1, 1, *common)
+    rcs = h.run(job, 1, 1, *common, "--blob-mb", "4")
     assert rcs == [0], h.log(job, 1)
     assert "resumed from checkpoint.pt: epoch 0, offset 144" in h.log(job, 1)
     first_step = read_seen(out, 1, 1)[0][0][1]
@@ -332,20 +402,17 @@ def test_two_jobs_at_once_on_one_host_get_distinct_ports(tmp_path):
     (rdzv / "10001.0.0.json").write_text(json.dumps({
         "addr": "127.0.0.1", "port": squatted, "nonce": "stale", "world_size": 2,
         "time": time.time() - 3600}))
+    starts = []
     try:
-        procs = []
         for j in jobs:
             h.set_record(j, decision=Decision(gpus=2, nodes=1, batch=48, local_batch=24, accum=1, seq=1))
-            procs.append(h.start(j, 2, 0, "--ckpt-dir", str(tmp_path / f"ckpt.{j}"), "--out-dir", str(out),
-                                 "--epochs", "1", "--allreduce-check"))
-        rcs = [[p.wait(timeout=120) for p in ps] for ps in procs]
+            starts.append(h.start(j, 2, 0, "--ckpt-dir", str(tmp_path / f"ckpt.{j}"), "--out-dir", str(out),
+                                  "--epochs", "1", "--allreduce-check"))
+        rcs = [s.wait(180) for s in starts]
     finally:
         squatter.close()
-        for ps in procs:
-            for p in ps:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        for s in starts:
+            s.kill()
     assert rcs == [[0, 0], [0, 0]], [h.log(j, 0) for j in jobs]
     ports = {}
     for j in jobs:
