@@ -273,6 +273,7 @@ class Daemon:
         self.journal: DBJournal | None = None
         self.stop_event = threading.Event()
         self.reload_requested = False
+        self._stop_asked = False
         self.server: MetricsServer | None = None
         self.backoff_s = 0.0
         self.last_results: list = []
@@ -456,23 +457,35 @@ class Daemon:
 
     # ----- the loop ------------------------------------------------------------------------------
     def install_signals(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGHUP, lambda *_: setattr(self, "reload_requested", True))
+        def on_term(*_):
+            self._stop_asked = True
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        def on_hup(*_):
+            self.reload_requested = True
+            self.stop_event.set()  # wake the wait; run_forever clears it again for a reload
+
+        signal.signal(signal.SIGHUP, on_hup)
 
     def run_forever(self, *, poll_actions_s: float = 2.0) -> None:
         """Cycle every poll_interval_s; in between, move in-flight resizes on every few seconds."""
-        while not self.stop_event.is_set():
+        while True:
             if self.reload_requested:
                 self.reload_requested = False
+                if not self._stop_asked:
+                    self.stop_event.clear()
                 self.reload()
+            if self.stop_event.is_set():
+                break
             try:
                 self.cycle()
             except Exception as e:  # one bad cycle must never end the daemon
                 self.metrics.inc("slurm_elastic_errors_total", kind="internal")
                 log.exception("cycle failed", extra={"kv": {"error": str(e)}})
             deadline = time.monotonic() + max(self.config.poll_interval_s, self.backoff_s)
-            while not self.stop_event.is_set() and time.monotonic() < deadline:
+            while not self.stop_event.is_set() and not self.reload_requested and time.monotonic() < deadline:
                 if self.enactor and self.enactor.in_flight and not self.dry_run:
                     try:
                         self.records = {j.job_id: j for j in self.backend.list_jobs()}

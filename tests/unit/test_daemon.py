@@ -215,3 +215,50 @@ def test_documented_example_config_lists_every_key_with_its_default():
     data = tomllib.loads(path.read_text())
     assert set(data) == {f.name for f in fields(DEFAULTS) if f.name != "extra"}
     assert config_from_dict(data) == DEFAULTS
+
+
+def test_daemon_process_reloads_on_sighup_and_stops_on_sigterm(tmp_path):
+    """A real daemon process (its Slurm tools missing, so every cycle is skipped and logged)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tmp_path / "elastic.toml"
+    base = f'state_dir = "{tmp_path / "state"}"\nmetrics_address = ""\npoll_interval_s = 1\nslurm_bin = "{tmp_path}"\n'
+    cfg.write_text(base)
+    log = open(tmp_path / "daemon.log", "w+")
+    p = subprocess.Popen([sys.executable, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg)],
+                         stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_for(text, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            log.seek(0)
+            if text in log.read():
+                return True
+            time.sleep(0.2)
+        log.seek(0)
+        raise AssertionError(f"{text!r} not in the daemon log:\n{log.read()}")
+
+    try:
+        wait_for('msg="cycle skipped: cannot read Slurm"')
+        # A second daemon on the same state dir refuses to run and says why.
+        second = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg), "--once"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and f"pid {p.pid}" in second.stderr
+        cfg.write_text(base + 'policy = "static"\n')
+        os.kill(p.pid, signal.SIGHUP)
+        wait_for('msg="configuration reloaded" policy=static')
+        cfg.write_text(base + "bogus_key = 1\n")
+        os.kill(p.pid, signal.SIGHUP)
+        wait_for('msg="reload failed; keeping the old configuration"')
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        wait_for('msg="daemon stopping"')
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        log.close()
