@@ -67,8 +67,9 @@ def _tables(problem, fixed_batch: bool, effs):
     for req, (eff, key) in zip(problem.jobs, effs, strict=True):
         f = job_table(req.model, req.spec, ns, cap, None, eff, key)
         flex.append(f)
-        if fixed_batch:
-            chosen.append(job_table(req.model, req.spec, ns, cap, req.spec.requested_batch, eff, key))
+        if fixed_batch:  # a running job's batch is whatever it runs; a pending job's is its request
+            fb = req.running_batch if req.running_gpus > 0 and req.running_batch else req.spec.requested_batch
+            chosen.append(job_table(req.model, req.spec, ns, cap, fb, eff, key))
     return flex, (chosen if fixed_batch else flex)
 
 

@@ -1,6 +1,7 @@
 """``fixed-batch``: the paper's baseline -- elastic GPU count at the job's fixed requested batch.
 
-Each job keeps the global batch it asked for (``spec.batch``, else ``min_batch``); a GPU count is
+Each job keeps the global batch it asked for (``spec.batch``, else ``min_batch``; a running job the
+batch it runs); a GPU count is
 allowed only if that batch splits over it (``batch % k == 0``, micro-batch within the per-GPU
 limits, accumulation within ``max_accum``). Admission is the same as ``dp``'s. The GPUs left are
 handed out greedily by marginal gain per GPU, as in Optimus (Peng et al., EuroSys'18): repeatedly

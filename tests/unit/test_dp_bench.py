@@ -40,3 +40,17 @@ def test_random_problem_is_seeded():
     assert [(j.spec, j.running_gpus, j.running_batch) for j in a.jobs] == \
         [(j.spec, j.running_gpus, j.running_batch) for j in b.jobs]
     assert sum(j.running_gpus for j in a.jobs) <= 128
+
+
+def test_policies_are_feasible_on_a_bench_instance():
+    from test_dp_exact import check_feasible
+
+    from slurm_elastic.policies import get_policy
+
+    problem = random_problem(300, 256, 5)
+    for name, opts in (("dp", {}), ("dp", {"admission": "joint"}), ("fixed-batch", {}), ("static", {})):
+        alloc = get_policy(name, **opts).allocate(problem)
+        check_feasible(problem, alloc)
+        for r in problem.jobs:  # no preemption: every running job keeps at least its minimum
+            if r.is_running:
+                assert alloc.jobs[r.job_id].gpus > 0

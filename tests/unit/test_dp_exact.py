@@ -123,7 +123,10 @@ def problems(draw, max_jobs=4):
         min_g = draw(st.integers(1, 4))
         max_g = draw(st.integers(min_g, max_g))
         accum = draw(st.sampled_from([1, 1, 2, 4]))
-        spec = ElasticSpec(min_gpus=min_g, max_gpus=max_g, max_accum=accum, profile=prof,
+        gpn = draw(st.sampled_from([None, None, None, 1, 2]))
+        if gpn is not None:
+            max_g = max(max_g, gpn)
+        spec = ElasticSpec(min_gpus=min_g, max_gpus=max_g, max_accum=accum, profile=prof, gpus_per_node=gpn,
                            weight=draw(st.sampled_from([1.0, 2.0, 0.5])), **ranges)
         running, rb = 0, None
         if draw(st.booleans()):
