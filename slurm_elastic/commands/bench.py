@@ -182,6 +182,20 @@ def _spawn(solver, opts, timeout_s) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def compile_uncached_s() -> float | None:
+    """Seconds to compile every kernel from scratch (a fresh process with an empty numba cache dir)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, NUMBA_CACHE_DIR=d)
+        code = "from slurm_elastic.policies._mckp import warm_up; print(warm_up())"
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    try:
+        return float(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
 def _equal(a, b):
     if a is None or b is None:
         return None
@@ -203,6 +217,7 @@ def bench_once(jobs, gpus, seed, node_size, admission, repeats, timeout_s, max_r
         "dp_size": next((r["dp_size"] for r in res.values() if "dp_size" in r), None),
         "compile_s": dp.get("compile_s"),
         "compile_cached": dp.get("compile_cached"),
+        "compile_uncached_s": compile_uncached_s() if "dp" in solvers else None,
         "plan_cold_s": next((r["plan_cold_s"] for r in res.values() if "plan_cold_s" in r), None),
         "solvers": {
             name: {k: r.get(k) for k in ("status", "median_s", "min_s", "runs", "objective", "peak_rss_mib",
@@ -236,7 +251,8 @@ def _print_human(doc):
                f"admission {doc['admission']}")
     click.echo(f"knapsack: {d.get('jobs')} jobs, {d.get('choices')} choices, capacity {d.get('capacity')}, "
                f"table {d.get('table_cells')} cells ({(d.get('table_bytes') or 0) / 2**20:.1f} MiB)")
-    click.echo(f"numba compile/cache load: {_fmt_s(doc['compile_s'])} (cached: {doc['compile_cached']}); "
+    click.echo(f"numba kernels: load from cache {_fmt_s(doc['compile_s'])} (cached: {doc['compile_cached']}), "
+               f"compile from scratch {_fmt_s(doc['compile_uncached_s'])}; "
                f"cold batch tables: {_fmt_s(doc['plan_cold_s'])}")
     click.echo(f"{'solver':<10} {'median':>12} {'runs':>5} {'peak RSS':>10} {'objective':>16}  status")
     for name, r in doc["solvers"].items():
