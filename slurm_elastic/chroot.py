@@ -9,7 +9,8 @@ the same mirror the host's apt uses.
   ``/var/cache/slurm-elastic/chroots``; ``SLURM_ELASTIC_CHROOT_CACHE`` overrides it) under a file
   lock, first into ``<release>.partial`` and renamed when complete; ``<release>.stamp`` (JSON: the
   Slurm version, mirror, build seconds, size) marks a complete root, which is then reused as is.
-* **Mounts.** Daemons in the root need ``/proc``, ``/dev`` and ``/sys``: they are bind-mounted into
+* **Mounts.** Daemons in the root need ``/proc``, ``/dev`` and ``/sys`` (recursively, with the cgroup
+  mounts below it, for 22.05's slurmd): they are bind-mounted (as slave mounts) into
   the root while at least one local cluster of this root is up. Several clusters can share one root,
   so ``<release>.holders.json`` lists the state dirs of the clusters using the mounts; a cluster's
   ``down`` removes itself and unmounts only when no live holder is left (lazily if a mount is busy).
@@ -33,7 +34,14 @@ KNOWN_RELEASES = {"bookworm": "12", "trixie": "13"}
 OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
 PACKAGES = ("slurm-wlm", "munge", "slurm-client")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# Mounted in this order, unmounted in reverse. /sys is bound recursively: /sys/fs/cgroup (and, with
+# cgroup v1, one mount per controller below it) are mounts of their own, which a plain bind does not
+# carry, and Slurm before 23.02 has no CgroupPlugin=disabled: its slurmd refuses to start without
+# them ("No filesystem mounted on /sys/fs/cgroup", then "Unexpected fs type on
+# /sys/fs/cgroup/systemd", both seen with 22.05 in a chroot). Every bind is made a slave mount, so
+# that unmounting it can never propagate back to the host's own mounts.
 BIND_MOUNTS = ("proc", "dev", "sys")
+RECURSIVE = frozenset({"sys"})
 
 
 class ChrootError(RuntimeError):
@@ -260,8 +268,13 @@ class ChrootRoot:
         return ["chroot", str(self.path)]
 
     # ----- mounts -------------------------------------------------------------------------------
+    @staticmethod
+    def wanted_mounts() -> list[str]:
+        """The bind mounts a running cluster needs."""
+        return list(BIND_MOUNTS)
+
     def mounted(self) -> list[str]:
-        """Which of /proc, /dev, /sys are mounted in the root now."""
+        """Which of the bind mounts (proc, dev, sys) are mounted in the root now."""
         points = set(mounts_under(self.path))
         return [name for name in BIND_MOUNTS if str(self.path / name) in points]
 
@@ -281,15 +294,17 @@ class ChrootRoot:
         with _locked(self.lock_path):
             self._write_holders([*self._holders(), holder])
             have = set(self.mounted())
-            for name in BIND_MOUNTS:
+            for name in self.wanted_mounts():
                 if name in have:
                     continue
                 target = self.path / name
-                target.mkdir(exist_ok=True)
-                r = subprocess.run(["mount", "--bind", f"/{name}", str(target)], capture_output=True, text=True,
-                                   timeout=60, check=False)
-                if r.returncode != 0:
-                    raise ChrootError(f"mount --bind /{name} {target} failed: {r.stderr.strip()}")
+                target.mkdir(parents=True, exist_ok=True)
+                how = "--rbind" if name in RECURSIVE else "--bind"
+                for argv in (["mount", how, f"/{name}", str(target)],
+                             ["mount", "--make-rslave" if name in RECURSIVE else "--make-slave", str(target)]):
+                    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+                    if r.returncode != 0:
+                        raise ChrootError(f"{' '.join(argv)} failed: {r.stderr.strip()}")
             # minbase has no /etc/hosts, and 'localhost' must resolve.
             shutil.copyfile("/etc/hosts", self.path / "etc/hosts")
 
@@ -308,8 +323,9 @@ class ChrootRoot:
                 target = str(self.path / name)
                 if target not in mounts_under(self.path):
                     continue
-                r = subprocess.run(["umount", target], capture_output=True, text=True, timeout=60, check=False)
-                if r.returncode != 0:  # e.g. "target is busy" for /dev: detach it lazily
+                r = subprocess.run(["umount", "-R", target], capture_output=True, text=True, timeout=60,
+                                   check=False)
+                if r.returncode != 0:  # e.g. "target is busy" for /dev: detach it (and what is below) lazily
                     r = subprocess.run(["umount", "-l", target], capture_output=True, text=True, timeout=60,
                                        check=False)
                     if r.returncode != 0:

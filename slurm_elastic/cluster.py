@@ -298,6 +298,7 @@ class LocalCluster:
             shutil.copyfile(c.job_submit_lua, d / "etc" / "job_submit.lua")
             lines.append("JobSubmitPlugins=lua")
         for n, name in enumerate(c.node_names()):
+            (d / "spool" / name).mkdir(parents=True, exist_ok=True)
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={c.slurmd_port(n)} "
                 f"CPUs={c.cpus_per_node} RealMemory={c.memory_mb} Gres=gpu:{c.gpus_per_node} State=UNKNOWN"
@@ -454,6 +455,52 @@ class LocalCluster:
             self.down()
             raise
         return True
+
+    # ----- fault injection (tests): stop/start one daemon by its recorded pid ---------------------
+    def kill_daemon(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        """Stop one recorded daemon ('slurmctld' or 'slurmd:nodeN') with ``sig``; returns its pid.
+
+        Only a pid this cluster recorded, still running the program it started, is signalled.
+        """
+        pids = self.pids()
+        if name == "slurmctld":
+            pid, program = pids.get("slurmctld"), "slurmctld"
+        elif name.startswith("slurmd:"):
+            pid, program = pids.get("slurmd", {}).get(name.split(":", 1)[1]), "slurmd"
+        else:
+            raise ClusterError(f"kill_daemon: unknown daemon {name!r} (slurmctld or slurmd:NODE)")
+        if not pid or not self._alive(pid, program):
+            return None
+        os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while self._alive(pid, program) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._alive(pid, program):
+            os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def start_slurmctld(self, timeout: float = 30) -> int:
+        """Start slurmctld again (after :meth:`kill_daemon`) on the same config and state; wait until it answers."""
+        pids = self.pids()
+        if pids.get("slurmctld") and self._alive(pids["slurmctld"], "slurmctld"):
+            return pids["slurmctld"]
+        pids["slurmctld"] = self._spawn([f"{self.config.sbin}/slurmctld", "-D", "-f", self.inside(self.conf_path)],
+                                        "slurmctld.out")
+        self._save_state(pids)
+        self._wait(self._ctld_answers, timeout, "slurmctld did not answer after a restart", "slurmctld.log")
+        return pids["slurmctld"]
+
+    def start_slurmd(self, node: str, timeout: float = 60) -> int:
+        """Start one node's slurmd again (after :meth:`kill_daemon`)."""
+        pids = self.pids()
+        old = pids.get("slurmd", {}).get(node)
+        if old and self._alive(old, "slurmd"):
+            return old
+        pid = self._spawn([f"{self.config.sbin}/slurmd", "-D", "-N", node, "-f", self.inside(self.conf_path)],
+                          f"slurmd-{node}.out")
+        pids.setdefault("slurmd", {})[node] = pid
+        self._save_state(pids)
+        return pid
 
     def _ctld_answers(self) -> bool:
         r = subprocess.run(self.tool("scontrol", "ping"), env=self.env, capture_output=True, text=True, timeout=30,

@@ -87,12 +87,18 @@ def _chroot_release() -> str | None:
 
 
 def slurm_versions() -> list[str]:
-    """The versions ``versioned_cluster`` runs over: 'host' and the chroot release (if this is Debian)."""
+    """The versions ``versioned_cluster`` runs over: 'host' and the chroot release (if this is Debian).
+
+    ``SLURM_ELASTIC_CHROOT_RELEASES`` (comma-separated) replaces the chroot releases, e.g.
+    ``bookworm,trixie`` on a Debian 12 machine also runs 22.05 inside a chroot, as a Debian 13 host does.
+    """
     wanted = os.environ.get("SLURM_ELASTIC_SLURM_VERSIONS")
     versions = ["host"]
-    other = _chroot_release()
-    if other:
-        versions.append(other)
+    chroots = os.environ.get("SLURM_ELASTIC_CHROOT_RELEASES")
+    if chroots is not None:
+        versions += [r for r in chroots.split(",") if r]
+    elif _chroot_release():
+        versions.append(_chroot_release())
     if wanted:
         versions = [v for v in versions if v in wanted.split(",")]
     return versions

@@ -95,6 +95,11 @@ def test_cli_backend_puts_the_prefix_before_every_command():
     assert CliBackend(runner=runner).prefix == []
 
 
+def _host_mounts() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return sorted(line.split()[4] for line in f)
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root")
 
 
@@ -110,18 +115,26 @@ def fake_root(tmp_path):
 @needs_root
 def test_mounts_are_shared_by_holders_and_removed_with_the_last(fake_root):
     root = fake_root
+    host_mounts = _host_mounts()
     root.acquire("/state/a")
-    assert root.mounted() == ["proc", "dev", "sys"]
+    wanted = root.wanted_mounts()
+    assert wanted == ["proc", "dev", "sys"] and root.mounted() == wanted
+    count = len(mounts_under(root.path))  # /sys with the mounts below it (cgroups): at least 3
     assert (root.path / "etc" / "hosts").read_text() == open("/etc/hosts").read()
     assert os.path.exists(root.path / "proc" / "self" / "stat")
+    # /sys is bound with the mounts below it: 22.05's slurmd needs /sys/fs/cgroup (and its v1 controllers)
+    below_sys = [m[len("/sys"):] for m in host_mounts if m.startswith("/sys/")]
+    assert sorted(m[len(str(root.path / "sys")):] for m in mounts_under(root.path / "sys")
+                  if m != str(root.path / "sys")) == sorted(below_sys)
     root.acquire("/state/b")  # a second cluster: no second mount
-    assert len(mounts_under(root.path)) == 3
+    assert count >= 3 and len(mounts_under(root.path)) == count
     assert root.release_holder("/state/a", still_in_use=lambda h: h == "/state/b") == []
-    assert root.mounted() == ["proc", "dev", "sys"]  # b still needs them
+    assert root.mounted() == wanted  # b still needs them
     assert json.loads(root.holders_path.read_text()) == ["/state/b"]
     done = root.release_holder("/state/b", still_in_use=lambda h: True)
-    assert sorted(done) == sorted(str(root.path / n) for n in ("proc", "dev", "sys"))
+    assert sorted(done) == sorted(str(root.path / n) for n in wanted)
     assert root.mounted() == [] and mounts_under(root.path) == []
+    assert _host_mounts() == host_mounts  # unmounting the binds took none of the host's mounts along
 
 
 @needs_root
