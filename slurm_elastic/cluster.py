@@ -518,7 +518,22 @@ class LocalCluster:
             ok = {n.name for n in nodes if n.state in ("IDLE", "MIXED", "ALLOCATED") and n.usable}
             return names <= ok
 
-        self._wait(idle, timeout, "not every node became idle", "slurmctld.log")
+        try:
+            self._wait(idle, timeout, "not every node became idle", "slurmctld.log")
+        except ClusterError as e:
+            # The reason is usually in a slurmd's own log (e.g. a cgroup it could not use).
+            tails = []
+            for name in sorted(names):
+                try:
+                    lines = (self.data_dir / "log" / f"slurmd-{name}.log").read_text(errors="replace").splitlines()
+                except OSError:
+                    continue
+                errors = [line for line in lines if "error" in line.lower()][-3:]
+                if errors:
+                    tails.append(f"slurmd {name}:\n" + "\n".join(errors))
+            if not tails:
+                raise
+            raise ClusterError(f"{e}\n" + "\n".join(tails)) from None
 
     def cancel_jobs(self, timeout: float = 20) -> list[int]:
         """Cancel every active job of this cluster (through its own slurmctld) and wait for them to end.

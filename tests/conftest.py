@@ -131,7 +131,12 @@ def versioned_cluster(request):
     cluster = LocalCluster(state, ClusterConfig(nodes=4, gpus_per_node=4, ctld_port=port, cred_expire=10,
                                                 release=request.param))
     t0 = time.monotonic()
-    cluster.up()
+    try:
+        cluster.up()
+    except BaseException:
+        if os.environ.get("SLURM_ELASTIC_KEEP_CLUSTER") != "1":  # its logs are in the error message
+            shutil.rmtree(state, ignore_errors=True)
+        raise
     print(f"\n{request.param} cluster up in {time.monotonic() - t0:.1f} s: Slurm {cluster.backend.version()}")
     try:
         yield cluster
