@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord, NodeRecord
 from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
@@ -72,7 +72,21 @@ class SpecCache:
         self._d: dict[tuple[str, int], ElasticSpec | SpecError] = {}
         self._dec: dict[str, Decision | None | SpecError] = {}
         self._sps: dict[tuple, float] = {}
+        self._rec: dict[int, tuple] = {}
         self.max_size = max_size
+
+    def record_hit(self, record: JobRecord, context: tuple):
+        """What :func:`build_problem` derived from this very record object (identity, not equality) in
+        the same context (in-flight target, node size, restart default, model object) last time."""
+        hit = self._rec.get(record.job_id)
+        if hit is not None and hit[0] is record and hit[1][:3] == context[:3] and hit[1][3] is context[3]:
+            return hit[2]
+        return None
+
+    def remember(self, record: JobRecord, context: tuple, payload) -> None:
+        if len(self._rec) >= self.max_size:
+            self._rec.clear()
+        self._rec[record.job_id] = (record, context, payload)
 
     def decision(self, admin_comment: str, job_id) -> Decision | None:
         hit = self._dec.get(admin_comment, self)
@@ -207,6 +221,20 @@ def build_problem(
     decisions: dict[int, Decision] = {}
     for r in elastic:
         spec = specs[r.job_id]
+        target = in_flight.get(r.job_id)
+        # The same record object as last cycle (the simulated backend reuses unchanged ones) with the same
+        # in-flight target gives the same request and view; only a pending job's wait_s moves on.
+        model = model_for(r, spec)
+        hit = cache.record_hit(r, (target, size, default_restart_s, model))
+        if hit is not None:
+            req, view, d = hit
+            if d is not None:
+                decisions[r.job_id] = d
+            if view.status == PENDING and r.submit_time is not None:
+                req = replace(req, wait_s=max(0.0, now - r.submit_time))
+            reqs.append(req)
+            views.append(view)
+            continue
         try:
             d = cache.decision(r.admin_comment, r.job_id) if r.admin_comment else None
         except SpecError as e:
@@ -217,9 +245,8 @@ def build_problem(
             continue
         if d is not None:
             decisions[r.job_id] = d
-        model = model_for(r, spec)
-        if r.job_id in in_flight:
-            status, gpus = IN_FLIGHT, in_flight[r.job_id]
+        if target is not None:
+            status, gpus = IN_FLIGHT, target
             batch = d.batch if d else spec.requested_batch
         elif r.is_running:
             status, gpus = RUNNING, r.gpus_total
@@ -232,19 +259,20 @@ def build_problem(
         if status == RUNNING and gpus > 0:
             sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
         wait = max(0.0, now - r.submit_time) if (status == PENDING and r.submit_time is not None) else 0.0
-        reqs.append(
-            JobRequest(
-                job_id=r.job_id,
-                spec=spec,
-                model=model,
-                running_gpus=gpus,
-                running_batch=batch if gpus else None,
-                restart_s=spec.restart_s if spec.restart_s is not None else default_restart_s,
-                wait_s=wait,
-            )
+        req = JobRequest(
+            job_id=r.job_id,
+            spec=spec,
+            model=model,
+            running_gpus=gpus,
+            running_batch=batch if gpus else None,
+            restart_s=spec.restart_s if spec.restart_s is not None else default_restart_s,
+            wait_s=wait,
         )
         on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
-        views.append(JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0))
+        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0)
+        cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
+        reqs.append(req)
+        views.append(view)
 
     if non_elastic_per_node:
         free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None

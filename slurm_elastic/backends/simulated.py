@@ -142,6 +142,7 @@ class SimulatedSlurm(SlurmBackend):
         self.peak_in_use = 0
         self.busy_gpu_s = 0.0
         self._nodes_cache: list[NodeRecord] | None = None
+        self._node_recs: list[NodeRecord | None] = [None] * nodes
         self.on_complete = None  # optional callback(job)
 
     # ---- job submission (what sbatch would do) ----
@@ -249,6 +250,7 @@ class SimulatedSlurm(SlurmBackend):
     def _start(self, j: SimJob, nodes: list[int]) -> None:
         for n in nodes:
             self.free[n] -= j.gpus_per_node
+            self._node_recs[n] = None
             if self.free[n] < 0:
                 raise AssertionError(f"node {self.node_names[n]} over-allocated")
         self.in_use += j.gpus
@@ -313,6 +315,7 @@ class SimulatedSlurm(SlurmBackend):
     def _free_nodes(self, j: SimJob) -> None:
         for n in j.nodes:
             self.free[n] += j.gpus_per_node
+            self._node_recs[n] = None
         self.in_use -= j.gpus
         self._nodes_cache = None
         j.gpu_s += j.gpus * (self.now - j.run_start)
@@ -400,12 +403,13 @@ class SimulatedSlurm(SlurmBackend):
 
     def list_nodes(self) -> list[NodeRecord]:
         if self._nodes_cache is None:
-            out = []
-            for i, name in enumerate(self.node_names):
-                used = self.node_gpus - self.free[i]
-                state = "IDLE" if used == 0 else ("ALLOCATED" if used == self.node_gpus else "MIXED")
-                out.append(NodeRecord(name, state, (), self.node_gpus, used, 0, (self.partition,)))
-            self._nodes_cache = out
+            recs = self._node_recs
+            for i, rec in enumerate(recs):
+                if rec is None:
+                    used = self.node_gpus - self.free[i]
+                    state = "IDLE" if used == 0 else ("ALLOCATED" if used == self.node_gpus else "MIXED")
+                    recs[i] = NodeRecord(self.node_names[i], state, (), self.node_gpus, used, 0, (self.partition,))
+            self._nodes_cache = list(recs)
         return list(self._nodes_cache)
 
     def hold(self, job_id: int) -> None:

@@ -75,6 +75,7 @@ def pollux_section(pollux: Path, figs: Path, quick: bool, cfg: SimConfig) -> tup
                 rows.append([f"{folder}/workload-{n}", p, m["completed_by_8h"], f"{m['jobs_completed']}/{m['jobs_total']}",
                              h(m["avg_jct_s"]), h(m["median_jct_s"]), h(m["p95_jct_s"]), h(m["avg_queue_s"]),
                              f"{m['gpu_utilization']:.2f}", m["rescales"], h(m["makespan_s"])])
+                agg.setdefault("_per_workload", []).append((folder, n, p, m["avg_jct_s"], m["completed_by_8h"]))
                 sums[p]["jct"] += m["avg_jct_s"]
                 sums[p]["done"] += m["completed_by_8h"]
                 sums[p]["n"] += 1
@@ -252,54 +253,80 @@ def main(argv=None) -> int:
 
 
 def findings(agg: dict, sweep: dict) -> str:
+    per = agg.pop("_per_workload", [])
     lines = ["## Findings\n"]
     for folder, mean in agg.items():
         d, f, s = mean["dp"], mean["fixed-batch"], mean["static"]
         lines.append(f"- Pollux `{folder}/` (mean over the workloads): dp's average JCT is {h(d[0])} h against "
                      f"{h(f[0])} h for fixed-batch ({ratio(f[0], d[0])}) and {h(s[0])} h for static ({ratio(s[0], d[0])}); "
                      f"jobs done within 8 h: {d[1]:.1f} vs {f[1]:.1f} ({ratio(d[1], f[1])}) and {s[1]:.1f} ({ratio(d[1], s[1])}).")
-    best_done_f = max(zip(sweep["rates"], sweep["dp"], sweep["fixed-batch"], strict=True),
-                      key=lambda x: x[1]["completed_by_8h"] / max(1, x[2]["completed_by_8h"]))
-    best_jct_f = max(zip(sweep["rates"], sweep["dp"], sweep["fixed-batch"], strict=True),
-                     key=lambda x: (x[2]["avg_jct_s"] or 0) / (x[1]["avg_jct_s"] or 1))
-    best_jct_s = max(zip(sweep["rates"], sweep["dp"], sweep["static"], strict=True),
-                     key=lambda x: (x[2]["avg_jct_s"] or 0) / (x[1]["avg_jct_s"] or 1))
-    rd = best_done_f[1]["completed_by_8h"] / max(1, best_done_f[2]["completed_by_8h"])
-    rj = (best_jct_f[2]["avg_jct_s"] or 0) / (best_jct_f[1]["avg_jct_s"] or 1)
-    rjs = (best_jct_s[2]["avg_jct_s"] or 0) / (best_jct_s[1]["avg_jct_s"] or 1)
-    lines.append(f"- Sweep: the largest jobs-done-within-8h gain of dp over fixed-batch is {rd:.2f}x (at "
-                 f"{best_done_f[0]:g} jobs/h); the largest average-JCT gain over fixed-batch is {rj:.2f}x (at "
-                 f"{best_jct_f[0]:g} jobs/h) and over static {rjs:.2f}x (at {best_jct_s[0]:g} jobs/h).")
-    reach2 = "reaches" if rd >= 2 else "does not reach"
-    reach10 = "reaches" if rj >= 10 else "does not reach"
-    lines.append(f"- Against the paper's headline (up to 2x more jobs completed, up to 10x lower average JCT than "
-                 f"fixed-batch): this measurement {reach2} 2x on jobs completed and {reach10} 10x on average JCT.")
+    jct = {(fo, n, p): j for fo, n, p, j, _ in per}
+    pairs = sorted({(fo, n) for fo, n, _, _, _ in per})
+    fb_wins = [f"{fo}/workload-{n}" for fo, n in pairs if jct[(fo, n, "fixed-batch")] < jct[(fo, n, "dp")]]
+    best_static = max(pairs, key=lambda k: jct[(*k, "static")] / jct[(*k, "dp")]) if pairs else None
+    if best_static:
+        lines.append(f"- Per Pollux workload, the largest average-JCT ratio static/dp is "
+                     f"{jct[(*best_static, 'static')] / jct[(*best_static, 'dp')]:.2f}x ({best_static[0]}/workload-"
+                     f"{best_static[1]}); fixed-batch has a lower average JCT than dp on {len(fb_wins)} of "
+                     f"{len(pairs)} workloads{' (' + ', '.join(fb_wins) + ')' if fb_wins else ''}.")
+
+    def best(other, key):
+        rows = list(zip(sweep["rates"], sweep["dp"], sweep[other], strict=True))
+        return max(rows, key=key)
+
+    bd = best("fixed-batch", lambda x: x[1]["completed_by_8h"] / max(1, x[2]["completed_by_8h"]))
+    bj = best("fixed-batch", lambda x: (x[2]["avg_jct_s"] or 0) / (x[1]["avg_jct_s"] or 1))
+    bs = best("static", lambda x: (x[2]["avg_jct_s"] or 0) / (x[1]["avg_jct_s"] or 1))
+    bds = best("static", lambda x: x[1]["completed_by_8h"] / max(1, x[2]["completed_by_8h"]))
+    rd = bd[1]["completed_by_8h"] / max(1, bd[2]["completed_by_8h"])
+    rj = (bj[2]["avg_jct_s"] or 0) / (bj[1]["avg_jct_s"] or 1)
+    rjs = (bs[2]["avg_jct_s"] or 0) / (bs[1]["avg_jct_s"] or 1)
+    rds = bds[1]["completed_by_8h"] / max(1, bds[2]["completed_by_8h"])
+    lines.append(f"- Sweep: dp over fixed-batch at most {rd:.2f}x jobs done within 8 h (at {bd[0]:g} jobs/h) and "
+                 f"{rj:.2f}x lower average JCT (at {bj[0]:g} jobs/h); over static at most {rds:.2f}x jobs done "
+                 f"(at {bds[0]:g} jobs/h) and {rjs:.2f}x lower average JCT (at {bs[0]:g} jobs/h).")
+    pol_done = max((m["dp"][1] / max(1e-9, m["fixed-batch"][1]) for m in agg.values()), default=0)
+    pol_jct = max((m["fixed-batch"][0] / max(1e-9, m["dp"][0]) for m in agg.values()), default=0)
+    pol_done_s = max((m["dp"][1] / max(1e-9, m["static"][1]) for m in agg.values()), default=0)
+    pol_jct_s = max((m["static"][0] / max(1e-9, m["dp"][0]) for m in agg.values()), default=0)
+    top_f = (max(rd, pol_done), max(rj, pol_jct))
+    top_s = (max(rds, pol_done_s), max(rjs, pol_jct_s))
+
+    def verdict(x, goal):
+        return f"reaches {goal}x ({x:.2f}x)" if x >= goal else f"does not reach {goal}x (at most {x:.2f}x)"
+
+    lines.append(f"- **The paper's headline** (up to 2x more jobs completed and up to 10x lower average JCT than "
+                 f"fixed-batch): against fixed-batch this measurement {verdict(top_f[0], 2)} on jobs completed and "
+                 f"{verdict(top_f[1], 10)} on average JCT. Against static (Slurm-like FIFO at the requested size) it "
+                 f"{verdict(top_s[0], 2)} on jobs completed and {verdict(top_s[1], 10)} on average JCT "
+                 f"(means over a workload set or sweep points).")
     lines.append(WHY)
     return "\n".join(lines) + "\n"
 
 
 WHY = """
-Why the gain is what it is (reading the tables above):
+Why, as far as these runs show:
 
-- dp's advantage over fixed-batch comes from changing the batch. With the paper's work model a job's
-  work is fixed in samples, so a larger batch that keeps more GPUs efficient finishes it sooner, and dp
-  may pick any batch in the job's range that its GPU count can run; fixed-batch must keep the user's
-  batch, which caps its GPU count (the batch must split over the GPUs within the per-GPU limits) and so
-  its scaling. Where users ask for batches that already divide well over many GPUs (the Pollux traces),
-  fixed-batch scales nearly as far and the gap narrows; where jobs are small (most Philly jobs ask for one
-  GPU) the per-GPU limits decide.
-- The measured Pollux profiles (T4 GPUs, 4 per node) scale sub-linearly, and inter-node all-reduce is
-  expensive for bert, deepspeech2 and yolov3. Extra GPUs therefore buy less than in the paper's
-  profiles, which bounds every elastic gain here.
-- At light load every policy runs jobs as soon as they arrive, and elasticity only helps by giving
-  idle GPUs to running jobs; under overload all policies keep the cluster full and the gain comes from
-  running jobs at more efficient sizes so the queue drains faster; the largest JCT ratios sit in between,
-  where static and fixed-batch queue and dp does not.
-- The paper's 10x was measured against its own fixed-batch implementation and profiles; here the baselines
-  share the planner, the same admission rules and the same restart costs, which favours them more than
-  a naive baseline would.
-- Rescales cost a restart each; the policies weigh it over a one-hour planning horizon, so sensitivity to
-  the rescale cost is mild until restarts reach several minutes (section 3).
+- **Fixed-batch is a strong baseline here.** It is elastic in GPU count and shares everything else with
+  dp: the planner, admission in priority order, the placement gate, the restart costs and the cooldown.
+  Most of the gain over static is elasticity itself (idle GPUs go to running jobs, queues drain faster),
+  which fixed-batch has too. The Pollux traces ask for batches that split over many GPUs (cifar10 at
+  2048 runs on up to 64 GPUs at 32 per GPU), so fixed-batch scales nearly as far as dp there.
+- **dp's extra freedom is the batch**, and it pays where the requested batch caps the GPU count: in the
+  light-load end of the sweep, where one-GPU Philly-sized jobs keep a small batch under fixed-batch
+  (cifar10 at 256 can grow to 8 GPUs at most); that is where dp's JCT gain over fixed-batch is largest.
+- **Under overload every policy keeps every GPU busy** (utilization column), and the measured T4 profiles
+  scale sub-linearly, so the best use of a full cluster is many jobs at small sizes under both elastic
+  policies: the ratios tend to 1 as the load grows, while static, which cannot shrink jobs to admit
+  more, falls behind (the 320-job Pollux traces show the largest gaps to static).
+- **dp maximizes the total weighted speedup, not JCT**, and does not look at remaining work. How it then
+  spreads GPUs differs from fixed-batch's greedy marginal gain (in a diagnostic run of workload-2, not
+  tabulated, cifar10 jobs peaked at 2.2 GPUs on average under dp against 4.4 under fixed-batch); on the
+  workloads listed above that costs dp some average JCT.
+- **Restart cost**: dp's gain over fixed-batch shrinks as rescales get dearer (section 3) and vanishes
+  around 10 minutes per rescale; the scheduling interval matters little up to 5 minutes.
+- The paper's 10x over fixed-batch is not reproduced; its profiles, its baseline's implementation and its
+  cluster are not ours, and these runs cannot tell which of them made the difference.
 """
 
 REGEN = """## How to regenerate
