@@ -208,3 +208,42 @@ def test_down_stops_only_its_own_processes(versioned_cluster, tmp_path):
         bystander.wait()
         if c.chroot is not None:
             shutil.rmtree(state, ignore_errors=True)
+
+
+def test_cluster_command_up_status_down_on_each_version(versioned_cluster, tmp_path):
+    """`slurm-elastic cluster up|status|down --slurm ...`: idempotent up, status with the version, down by pid."""
+    c = versioned_cluster
+    slurm = c.config.release or "host"
+    state = tmp_path / "cli" if c.chroot is None else c.chroot.path / "srv" / "slurm-elastic" / f"cli-{os.getpid()}"
+    port = str(find_free_port_block(4, start=30000))
+    cli = [sys.executable, "-m", "slurm_elastic.cli", "cluster"]
+    common = ["--state-dir", str(state), "--slurm", slurm]
+
+    def run(*args):
+        return subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120, check=False)
+
+    try:
+        first = run("up", *common, "--nodes", "2", "--gpus-per-node", "2", "--port", port)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.startswith("started: 2 nodes x 2 GPUs, Slurm " + c.backend.version())
+        again = run("up", *common, "--nodes", "2", "--gpus-per-node", "2", "--port", port)
+        assert again.returncode == 0 and again.stdout.startswith("already up"), again.stdout + again.stderr
+        other_shape = run("up", *common, "--nodes", "3", "--gpus-per-node", "2", "--port", port)
+        assert other_shape.returncode != 0 and "another shape" in other_shape.stderr
+        import json
+
+        info = json.loads(run("status", *common, "--json").stdout)
+        assert info["up"] and info["version"] == c.backend.version() and info["slurm"] == slurm
+        assert [(n["name"], n["gpus_total"]) for n in info["nodes"]] == [("node1", 2), ("node2", 2)]
+        if c.chroot is not None:
+            assert info["chroot"] == str(c.chroot.path) and info["mounts"] == c.chroot.wanted_mounts()
+        pids = [d["pid"] for d in info["daemons"]]
+        down = run("down", *common)
+        assert down.returncode == 0 and down.stdout.startswith("stopped: slurmd:node1, slurmd:node2, slurmctld, munged")
+        assert all(not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().split()[2] == "Z" for p in pids)
+        assert run("down", *common).stdout.startswith("stopped: nothing was running")
+        assert c.is_up()  # the session cluster of the same version was left alone
+    finally:
+        run("down", *common)
+        if c.chroot is not None:
+            shutil.rmtree(state, ignore_errors=True)
