@@ -138,6 +138,9 @@ class LocalCluster:
         self.chroot: ChrootRoot | None = None
         if config.release is not None:
             self.chroot = ChrootRoot(config.release, config.chroot_cache)
+            # Recorded in cluster.json, so that a later `down` looks for its processes in the same root
+            # even if SLURM_ELASTIC_CHROOT_CACHE has changed meanwhile.
+            config.chroot_cache = str(self.chroot.cache.absolute())
 
     # ----- paths and environment -------------------------------------------------------------
     @property
