@@ -76,11 +76,15 @@ def _resolves(host: str) -> bool:
         return False
 
 
-def master_address(senv: SlurmEnv, env: Mapping[str, str] | None = None) -> str:
+def master_address(senv: SlurmEnv, env: Mapping[str, str] | None = None, *, own_node: bool = False) -> str:
+    """The address rank 0 listens on: ``MASTER_ADDR``, else the first node of the step (or, with
+    ``own_node``, the node rank 0 itself runs on, which only rank 0 can know), else this host's name."""
     env = os.environ if env is None else env
     if env.get("MASTER_ADDR"):
         return env["MASTER_ADDR"]
-    for host in (senv.first_node if senv.nodes else None, socket.gethostname()):
+    first = senv.first_node if senv.nodes else None
+    candidates = ([senv.node_name] if own_node and senv.node_name else []) + [first, socket.gethostname()]
+    for host in candidates:
         if host and _resolves(host):
             return host
     return "127.0.0.1"
@@ -157,7 +161,7 @@ def init_distributed(
     elif rdzv_dir is not None:
         rdzv_file = rendezvous_path(rdzv_dir, senv)
         if is_master:
-            addr = master_address(senv, env)
+            addr = master_address(senv, env, own_node=True)
             store = dist.TCPStore(addr, 0, senv.world_size, is_master=True, timeout=timeout,
                                   wait_for_workers=False)
             port = int(store.port)

@@ -16,6 +16,7 @@ from slurm_elastic.train.checkpoint import (  # noqa: E402
     load_checkpoint,
     save_checkpoint,
 )
+from slurm_elastic.train.dist import derived_port, master_address  # noqa: E402
 from slurm_elastic.train.sampler import epoch_permutation, plan_step, rank_slice  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -109,3 +110,20 @@ def test_unsafe_state_is_refused_at_save_time(tmp_path):
     with pytest.raises(CheckpointError):
         save_checkpoint(tmp_path, {"format": 1, "rng": np.random.get_state()})
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_master_address_and_derived_port():
+    from slurm_elastic.train.slurm_env import SlurmEnv
+
+    senv = SlurmEnv.from_environ({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost,nodeX",
+                                  "SLURMD_NODENAME": "no-such-host.invalid"})
+    assert master_address(senv, {}) == "localhost"  # the first node
+    assert master_address(senv, {}, own_node=True) == "localhost"  # own name does not resolve: fall back
+    assert master_address(senv, {"MASTER_ADDR": "10.1.2.3"}) == "10.1.2.3"
+    unresolvable = SlurmEnv.from_environ({"SLURM_JOB_NODELIST": "no-such-host[1-2].invalid"})
+    import socket
+
+    assert master_address(unresolvable, {}) in (socket.gethostname(), "127.0.0.1")
+    ports = {derived_port("9", r, "0") for r in range(50)}
+    assert all(20000 <= p < 60000 for p in ports) and len(ports) > 40  # restarts get other ports
+    assert derived_port("9", 1, "0") == derived_port("9", 1, "0")
