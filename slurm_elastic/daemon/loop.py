@@ -222,9 +222,12 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
         if isinstance(action, (pl.Resize, pl.Preempt)):
             if step == "signal" or (step == "requeue_hold" and job.is_running):
                 if job.is_running and (intent["restart_count"] is None or job.restart_count == intent["restart_count"]):
-                    if step == "signal":
+                    if step == "signal" and not enactor.ack.checkpoint_acked(jid):
                         # The crash may have come before the signal went out: send it again (a second
-                        # USR2 only sets the job's stop flag again).
+                        # USR2 only sets the job's stop flag again). Never once the job has acked: its
+                        # tasks are exiting with their handlers gone, and a second USR2 kills them
+                        # (exit 140 instead of 75: the job fails instead of waiting for the requeue;
+                        # seen on the local cluster by tests/faults).
                         backend.signal(jid, enactor.signal_name)
                     enactor.adopt(action, signalled_at=enactor.clock() - max(0.0, time.time() - intent["updated"]))
                     done.append(f"job {jid}: resize re-adopted, waiting for its checkpoint ack")
