@@ -1,0 +1,115 @@
+"""The fault-injection and bad-input suite (``-m faults``): shared fixtures and the RELIABILITY table.
+
+Every test records its row through the ``reliability`` fixture (what was injected or tried, and the
+outcome it *measured*: jobs completed, lost, left held). The row gets the test's pass/fail outcome from
+pytest, so a failing check shows as FAIL in the table. At the end of the session the rows are written
+to ``$SLURM_ELASTIC_RELIABILITY_JSON`` (default: a file in the temp dir) and, when
+``SLURM_ELASTIC_RELIABILITY_DOC`` names a path (e.g. ``docs/RELIABILITY.md``), rendered there as markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROWS: list[dict] = []
+_T0 = time.time()
+
+
+class Reliability:
+    def __init__(self, nodeid: str):
+        self.row = {"test": nodeid, "area": "", "fault": "", "tried": "", "checks": "", "completed": None,
+                    "lost": None, "left_held": None, "figures": {}, "outcome": "not run"}
+        ROWS.append(self.row)
+
+    def __call__(self, area: str, fault: str, tried: str, checks: str) -> None:
+        self.row.update(area=area, fault=fault, tried=tried, checks=checks)
+
+    def jobs(self, completed: int | None = None, lost: int | None = None, left_held: int | None = None) -> None:
+        for k, v in (("completed", completed), ("lost", lost), ("left_held", left_held)):
+            if v is not None:
+                self.row[k] = v
+
+    def figure(self, name: str, value) -> None:
+        self.row["figures"][name] = value
+
+
+@pytest.fixture
+def reliability(request):
+    return Reliability(request.node.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    for row in ROWS:
+        if row["test"] == item.nodeid:
+            if rep.when == "call":
+                row["outcome"] = "pass" if rep.passed else ("skip" if rep.skipped else "FAIL")
+                row["seconds"] = round(rep.duration, 1)
+            elif rep.failed:
+                row["outcome"] = "FAIL"
+            elif rep.skipped and row["outcome"] == "not run":
+                row["outcome"] = "skip"
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).parent == here:
+            item.add_marker(pytest.mark.faults)
+
+
+def _cell(v) -> str:
+    if v is None or v == "":
+        return "-"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def render(rows: list[dict], wall_s: float) -> str:
+    ran = [r for r in rows if r["area"]]
+    lines = [
+        "# Reliability: faults injected, bad input tried, load held",
+        "",
+        "Produced by the fault suite on the local real Slurm cluster (real slurmctld/slurmd/munged, real torch",
+        "DDP jobs where a job trains), not edited by hand:",
+        "",
+        "    SLURM_ELASTIC_RELIABILITY_DOC=docs/RELIABILITY.md python -m pytest tests/faults -q",
+        "",
+        f"Last run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node() or 'host'}, "
+        f"{os.cpu_count()} CPUs, suite wall time {wall_s:.0f} s; "
+        f"{sum(r['outcome'] == 'pass' for r in ran)} of {len(ran)} rows pass.",
+        "Each row is one test (tests/faults/); its outcome is that test's pytest outcome, and the job counts",
+        "are what the test counted in Slurm afterwards (`-` where the row has no jobs).",
+        "",
+        "| area | fault injected / input tried | what must hold (checked) | completed | lost | left held | figures | outcome |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ran:
+        figs = "; ".join(f"{k} {v}" for k, v in r["figures"].items())
+        lines.append(f"| {_cell(r['area'])} | {_cell(r['fault'])}: {_cell(r['tried'])} | {_cell(r['checks'])} | "
+                     f"{_cell(r['completed'])} | {_cell(r['lost'])} | {_cell(r['left_held'])} | {_cell(figs)} | "
+                     f"**{r['outcome']}** |")
+    lines += ["", "Tests: " + ", ".join(f"`{r['test']}`" for r in ran), ""]
+    return "\n".join(lines)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not ROWS:
+        return
+    out = Path(os.environ.get("SLURM_ELASTIC_RELIABILITY_JSON", Path(tempfile.gettempdir()) / "slurm-elastic-reliability.json"))
+    wall = time.time() - _T0
+    try:
+        out.write_text(json.dumps({"wall_s": wall, "rows": ROWS}, indent=2))
+    except OSError:
+        pass
+    doc = os.environ.get("SLURM_ELASTIC_RELIABILITY_DOC")
+    if doc:
+        Path(doc).write_text(render(ROWS, wall))
