@@ -11,12 +11,12 @@ import importlib
 import time
 from typing import Any
 
+from .protocol import EXIT_CHECKPOINTED, read_ack, read_done, read_throughput
+from .signals import StopFlag, install_stop_handler
+
 # When this process started using the library (before the slow torch import); a rendezvous file older
 # than this is from an earlier attempt (see slurm_elastic.train.dist).
 IMPORTED_AT = time.time()
-
-from .protocol import EXIT_CHECKPOINTED, read_ack, read_done, read_throughput
-from .signals import StopFlag, install_stop_handler
 
 _LAZY = {
     "ElasticJob": ".job",

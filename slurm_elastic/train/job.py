@@ -432,7 +432,7 @@ class ElasticJob:
             else:
                 opt.step()
         finally:
-            for g, lr in zip(opt.param_groups, saved):
+            for g, lr in zip(opt.param_groups, saved, strict=True):
                 g["lr"] = lr
 
     @property

@@ -37,12 +37,12 @@ SCONTROL_2205 = """JobId=1 JobName=env.sh
    NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
    Command=/tmp/dev/jobs/env.sh
    WorkDir=/tmp/dev
-   AdminComment=elastic-decision:gpus=2,nodes=1,batch=64,local_batch=32,accum=1,seq=4 
-   Comment=elastic:min_gpus=1,max_gpus=8,min_batch=8,max_batch=96,max_local_batch=24 
+   AdminComment=elastic-decision:gpus=2,nodes=1,batch=64,local_batch=32,accum=1,seq=4{sp}
+   Comment=elastic:min_gpus=1,max_gpus=8,min_batch=8,max_batch=96,max_local_batch=24{sp}
    StdErr=/tmp/dev/jobs/env.1.out
    TresPerNode=gres:gpu:2
 
-"""
+""".format(sp=" ")
 SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=32,max_batch=512,max_local_batch=64,batch=128,max_accum=4"
 
 
@@ -90,7 +90,7 @@ def test_parse_scontrol_multiline_and_one_liner():
     rec1 = parse_scontrol_show_job(one)
     assert rec1["Comment"] == rec["Comment"] and rec1["AdminComment"] == rec["AdminComment"]
     # A comment with spaces survives in the multi-line form.
-    spaced = SCONTROL_2205.replace("max_local_batch=24 ", "max_local_batch=24, batch=16 ")
+    spaced = SCONTROL_2205.replace("max_local_batch=24 \n", "max_local_batch=24, batch=16 \n")
     assert parse_scontrol_show_job(spaced)["Comment"].endswith("max_local_batch=24, batch=16")
 
 
