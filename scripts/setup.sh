@@ -37,9 +37,15 @@ fi
 # (trixie -> 24.11 on Debian 12, bookworm -> 22.05 on Debian 13), built once per machine into
 # /var/cache/slurm-elastic/chroots and reused when its stamp says it is complete (about 90 s and
 # 240 MB the first time). SLURM_ELASTIC_CHROOT=0 skips it (the chroot test cases are then skipped).
+# SLURM_ELASTIC_CHROOT_RELEASES=trixie,sid (comma-separated) builds those instead; the tests then
+# run against each of them (tests/conftest.py reads the same variable).
 other=""
 if [ "${SLURM_ELASTIC_CHROOT:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
-  .venv/bin/slurm-elastic cluster prepare
-  other=", $(.venv/bin/slurm-elastic cluster prepare --json | .venv/bin/python -c 'import json,sys; d=json.load(sys.stdin); print(d["slurm"] + " in " + d["path"])')"
+  IFS=, read -r -a releases <<< "${SLURM_ELASTIC_CHROOT_RELEASES:-other}"
+  for rel in "${releases[@]}"; do
+    [ -n "$rel" ] || continue
+    .venv/bin/slurm-elastic cluster prepare --slurm "$rel"
+    other+=", $(.venv/bin/slurm-elastic cluster prepare --slurm "$rel" --json | .venv/bin/python -c 'import json,sys; d=json.load(sys.stdin); print(d["slurm"] + " in " + d["path"])')"
+  done
 fi
 echo "setup: ok ($(.venv/bin/python --version), $(/usr/sbin/slurmctld -V)${other})"

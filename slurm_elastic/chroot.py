@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-KNOWN_RELEASES = {"bookworm": "12", "trixie": "13"}
+KNOWN_RELEASES = {"bookworm": "12", "trixie": "13", "sid": "unstable"}
 # The release whose Slurm a host of each release runs in a chroot (a second, different version).
 OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
 PACKAGES = ("slurm-wlm", "munge", "slurm-client")

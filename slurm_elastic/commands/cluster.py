@@ -23,7 +23,7 @@ from slurm_elastic.cluster import (
 )
 
 # Default slurmctld port per Slurm source, so that clusters of different versions do not collide.
-DEFAULT_PORTS = {None: 16817, "bookworm": 16917, "trixie": 17017}
+DEFAULT_PORTS = {None: 16817, "bookworm": 16917, "trixie": 17017, "sid": 17117}
 
 state_dir_option = click.option(
     "--state-dir",
@@ -39,7 +39,7 @@ slurm_option = click.option(
     default="host",
     show_default=True,
     help="Whose Slurm to run: the host's packages, or a Debian release's packages in a chroot "
-         "(trixie: 24.11, bookworm: 22.05). The host's own codename means the host.",
+         "(trixie: 24.11, bookworm: 22.05, sid: 26.05 as of 2026-12). The host's own codename means the host.",
 )
 
 
@@ -75,7 +75,7 @@ def cluster():
 @click.option("--cpus-per-node", type=click.IntRange(1, 256), default=8, show_default=True)
 @click.option("--port", type=click.IntRange(1024, 65000), default=None,
               help="slurmctld port; slurmd ports are the next --nodes ports [default: 16817 for the host's "
-                   "Slurm, 16917 bookworm, 17017 trixie].")
+                   "Slurm, 16917 bookworm, 17017 trixie, 17117 sid].")
 @click.option("--cred-expire", type=click.IntRange(5, 3600), default=10, show_default=True,
               help="Seconds a requeued job waits before it may start (Slurm's default is 120).")
 @click.option("--job-submit-lua", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -133,8 +133,10 @@ def prepare(slurm, as_json):
         if release is None:
             raise click.ClickException(f"no other release is known for this host ({host_release()})")
         if release == host_release():
-            click.echo(f"{release} is this host's release: its Slurm needs no chroot")
-            return
+            # Built anyway when named: the tests can run it (SLURM_ELASTIC_CHROOT_RELEASES), as a host of
+            # another release would. `cluster up --slurm RELEASE` with the host's own release uses the host.
+            click.echo(f"note: {release} is this host's release; 'cluster up --slurm {release}' runs the host's "
+                       f"Slurm, the chroot serves the tests (SLURM_ELASTIC_CHROOT_RELEASES)", err=True)
         root = ChrootRoot(release)
         cached = root.is_complete()
         info = root.ensure(log=lambda msg: click.echo(msg, err=True))
