@@ -315,7 +315,7 @@ Why, as far as these runs show:
 - **dp's extra freedom is the batch**, and it pays where the requested batch caps the GPU count: in the
   light-load end of the sweep, where one-GPU Philly-sized jobs keep a small batch under fixed-batch
   (cifar10 at 256 can grow to 8 GPUs at most); that is where dp's JCT gain over fixed-batch is largest.
-- **Under overload every policy keeps every GPU busy** (utilization column), and the measured T4 profiles
+- **Under overload both elastic policies keep nearly every GPU busy** (utilization column), and the measured T4 profiles
   scale sub-linearly, so the best use of a full cluster is many jobs at small sizes under both elastic
   policies: the ratios tend to 1 as the load grows, while static, which cannot shrink jobs to admit
   more, falls behind (the 320-job Pollux traces show the largest gaps to static).
