@@ -227,9 +227,10 @@ class ChrootRoot:
             raise ChrootError(f"debootstrap failed (exit {r.returncode}): {' '.join(argv)}\n{tail}")
         for mp in mounts_under(partial):
             subprocess.run(["umount", "-l", mp], capture_output=True, timeout=60, check=False)
-        # The downloaded .debs are not needed at run time.
-        for deb in (partial / "var/cache/apt/archives").glob("*.deb"):
-            deb.unlink()
+        # The downloaded .debs and apt's package lists (about 55 MB) are not needed at run time.
+        for junk in [*(partial / "var/cache/apt/archives").glob("*.deb"), *(partial / "var/cache/apt").glob("*.bin"),
+                     *(partial / "var/lib/apt/lists").glob("*_*")]:
+            junk.unlink()
         version = subprocess.run(["chroot", str(partial), "/usr/sbin/slurmctld", "-V"], capture_output=True,
                                  text=True, timeout=60, check=False).stdout.strip()
         if not version.startswith("slurm"):
