@@ -495,6 +495,8 @@ class ElasticJob:
         return path
 
     def _teardown(self) -> None:
+        # From here on a stop request changes nothing; ignore it so it cannot kill the exiting task.
+        self.flag.quiesce()
         if dist.is_initialized():
             dist.barrier()
             if self.rank == 0 and self.ctx and self.ctx.rdzv_file is not None:

@@ -38,6 +38,16 @@ class StopFlag:
                 continue
             self._installed[num] = signal.signal(num, self._handler)
 
+    def quiesce(self) -> None:
+        """Ignore further stop signals from now on (the request was taken, or training is over).
+
+        Needed before the process exits: at interpreter shutdown CPython resets signals that have a
+        Python handler to SIG_DFL, so a repeated USR2 arriving while a task exits would kill it (exit
+        140 instead of 75 or 0). Ignored signals stay ignored through shutdown.
+        """
+        for num in self._installed:
+            signal.signal(num, signal.SIG_IGN)
+
     def uninstall(self) -> None:
         for num, old in self._installed.items():
             signal.signal(num, old)  # type: ignore[arg-type]

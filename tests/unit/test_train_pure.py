@@ -214,3 +214,32 @@ def test_daemon_side_imports_do_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+EXITING_TASK = """
+import os, sys, time
+from slurm_elastic.train.signals import install_stop_handler
+flag = install_stop_handler()
+if sys.argv[1] == "quiesce":
+    flag.quiesce()
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+time.sleep(0.3)
+"""
+
+
+def test_a_repeated_stop_signal_cannot_kill_an_exiting_task():
+    # At interpreter shutdown CPython resets Python-handled signals to SIG_DFL, so a USR2 sent while
+    # the task exits would end it with signal 12 (the job then fails instead of exiting 75).
+    import signal as _signal
+
+    codes = []
+    for _ in range(3):
+        p = subprocess.Popen([sys.executable, "-c", EXITING_TASK, "quiesce"], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline() == "ready\n"
+        while p.poll() is None:
+            try:
+                os.kill(p.pid, _signal.SIGUSR2)
+            except ProcessLookupError:
+                break
+        codes.append(p.wait(timeout=30))
+    assert codes == [0, 0, 0]
