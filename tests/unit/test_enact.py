@@ -126,3 +126,9 @@ def test_backend_without_ack_needs_an_ack_source():
 
     with pytest.raises(TypeError):
         Enactor(NoAck())
+
+
+def test_hold_re_holds_a_released_job():
+    b = Recorder()
+    res = Enactor(b, clock=lambda: 0.0).apply([pl.Hold(7, 8, "cannot place")])
+    assert [r.status for r in res] == ["done"] and b.calls == [("hold", 7)]
