@@ -49,21 +49,48 @@ local function parse_int(value, key)
   return n
 end
 
-local function parse_float(value, key)
-  if not (string.find(value, "^[0-9]+$") or string.find(value, "^[0-9]+%.[0-9]+$")
-          or string.find(value, "^[0-9]+[eE][+-]?[0-9]+$") or string.find(value, "^[0-9]+%.[0-9]+[eE][+-]?[0-9]+$")) then
+-- The Python parser's number syntax: [0-9]{1,15}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?
+local function float_syntax(value)
+  local int, rest = string.match(value, "^([0-9]+)(.*)$")
+  if not int or #int > 15 then return false end
+  local frac, after = string.match(rest, "^%.([0-9]+)(.*)$")
+  if frac then
+    if #frac > 12 then return false end
+    rest = after
+  end
+  if rest == "" then return true end
+  local exp = string.match(rest, "^[eE][+-]?([0-9]+)$")
+  return exp ~= nil and #exp <= 3
+end
+
+local function parse_float(value, key, limit)
+  if not float_syntax(value) then
     return nil, fail(key, "expected a non-negative number, got '" .. value .. "'")
   end
   local x = tonumber(value)
-  if x == nil or x ~= x or x > FLOAT_LIMITS[key] then return nil, fail(key, value .. " is out of range") end
+  if x == nil or x ~= x or x > (limit or FLOAT_LIMITS[key]) then return nil, fail(key, value .. " is out of range") end
   return x
 end
 
+-- Same bounds as the Python parser (spec._parse_points): at most 256 points, GPUs 1..2^20, batch
+-- 1..2^40, throughput a finite positive number up to 1e12. A point the daemon would reject must be
+-- refused here, or the job is accepted, held, and never placed.
 local function check_points(value)
+  local n = 0
   for item in string.gmatch(value .. "|", "([^|]*)|") do
-    if not string.find(item, "^[0-9]+x[0-9]+@[0-9.eE+-]+$") then
+    n = n + 1
+    if n > 256 then return fail("points", "at most 256 points") end
+    local g, b, t = string.match(item, "^([0-9]+)x([0-9]+)@([0-9.eE+-]+)$")
+    if not g or #g > 7 or #b > 13 or #t > 30 then
       return fail("points", "expected GPUSxBATCH@SAMPLES_PER_S items joined by '|', got '" .. item .. "'")
     end
+    local gn, bn = tonumber(g), tonumber(b)
+    if gn < 1 or gn > 2^20 or bn < 1 or bn > 2^40 then
+      return fail("points", "GPU count or batch out of range in '" .. item .. "'")
+    end
+    local x, err = parse_float(t, "points", 1e12)
+    if x == nil then return err end
+    if x <= 0 then return fail("points", "throughput must be positive in '" .. item .. "'") end
   end
   return nil
 end

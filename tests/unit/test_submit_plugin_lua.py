@@ -55,6 +55,12 @@ EXAMPLES = [
     "elastic:min_gpus=1,max_gpus=1,min_batch=1024,max_batch=1024,max_local_batch=256,max_accum=4",
     BASE + ",ckpt_dir=/a/../b",
     BASE + ",profile=$(id)",
+    # Found by tests/faults: the plugin accepted points the daemon rejects (then the job waits held forever).
+    BASE + ",points=1x64@1e400",
+    BASE + ",points=1x1000000000000000000@5",
+    BASE + ",points=1x256@0|2x256@5",
+    BASE + ",points=2000000x256@5",
+    BASE + ",weight=1e0001",
 ]
 
 
