@@ -113,3 +113,61 @@ def pytest_sessionfinish(session, exitstatus):
     doc = os.environ.get("SLURM_ELASTIC_RELIABILITY_DOC")
     if doc:
         Path(doc).write_text(render(ROWS, wall))
+
+
+PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "job_submit_elastic.lua"
+
+
+@pytest.fixture(scope="session")
+def lua_cluster():
+    """A second local cluster with plugins/job_submit_elastic.lua loaded and two partitions:
+    ``gpu`` (node1, node2: the managed one) and ``other`` (node3). 3 nodes x 4 GPUs."""
+    import shutil
+    import subprocess as sp
+
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+
+    sys_path_root = Path(__file__).resolve().parents[1]
+    import sys
+
+    if str(sys_path_root.parent) not in sys.path:
+        sys.path.insert(0, str(sys_path_root.parent))
+    from tests.conftest import slurm_unavailable_reason
+
+    reason = slurm_unavailable_reason()
+    if reason:
+        pytest.fail(reason) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(reason)
+    state = Path(tempfile.mkdtemp(prefix="se-faults-lua-"))
+    os.chmod(state, 0o755)  # other users must read slurm.conf and reach the munge socket
+    cfg = ClusterConfig(nodes=3, gpus_per_node=4, job_submit_lua=str(PLUGIN), cred_expire=10,
+                        ctld_port=find_free_port_block(6, start=27500))
+    cluster = LocalCluster(state, cfg)
+    # Two partitions: write_config adds "PartitionName=gpu Nodes=ALL"; narrow it and add "other".
+    cfg.extra_conf = []
+    orig = cluster.write_config
+
+    def write_config():
+        orig()
+        conf = cluster.conf_path
+        text = conf.read_text().replace("PartitionName=gpu Nodes=ALL Default=YES",
+                                        "PartitionName=gpu Nodes=node[1-2] Default=YES")
+        conf.write_text(text + "PartitionName=other Nodes=node3 MaxTime=INFINITE State=UP\n")
+
+    cluster.write_config = write_config
+    cluster.up()
+    work = state / "jobs"
+    work.mkdir()
+    os.chmod(work, 0o755)
+    script = work / "job.sh"
+    script.write_text("#!/bin/bash\nsleep 300\n")
+    script.chmod(0o755)
+    cluster.script = script
+    try:
+        yield cluster
+    finally:
+        ids = [str(j.job_id) for j in cluster.backend.list_jobs()]
+        if ids:
+            sp.run([f"{cluster.config.bin}/scancel", *ids], env=cluster.env, capture_output=True, timeout=30,
+                   check=False)
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
