@@ -1,6 +1,6 @@
 """Translate Slurm's JSON dialects into :class:`JobRecord` and :class:`NodeRecord`.
 
-Two families are handled (see docs/SLURM-DIALECTS.md):
+Two families are handled (see docs/SLURM-VERSIONS.md):
 
 * 22.05, openapi v0.0.38: plain numbers (``null`` for unset), ``job_state`` a string, node ``state``
   a lower-case string, ``tres_per_node`` like ``gres:gpu:2``;

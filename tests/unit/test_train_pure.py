@@ -243,3 +243,12 @@ def test_a_repeated_stop_signal_cannot_kill_an_exiting_task():
                 break
         codes.append(p.wait(timeout=30))
     assert codes == [0, 0, 0]
+
+
+def test_checkpoint_dir_is_where_the_daemon_reads():
+    from slurm_elastic.train.ckptdir import checkpoint_dir
+
+    spec = "elastic:min_gpus=1,max_gpus=8,min_batch=32,max_batch=256,max_local_batch=32"
+    assert checkpoint_dir("12", "/work/u", spec) == "/work/u/elastic-ckpt/12"
+    assert checkpoint_dir("12", "/work/u", spec + ",ckpt_dir=/scratch/%j/ck") == "/scratch/12/ck"
+    assert checkpoint_dir("12", "/work/u/", "not elastic") == "/work/u/elastic-ckpt/12"
