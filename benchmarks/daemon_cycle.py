@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block  # noqa: E402
+from slurm_elastic.cluster import LocalCluster, cluster_for  # noqa: E402
 from slurm_elastic.daemon.config import config_from_dict  # noqa: E402
 from slurm_elastic.daemon.loop import Daemon  # noqa: E402
 
@@ -43,31 +43,18 @@ def submit_many(cluster: LocalCluster, n: int, work: Path) -> list[int]:
     return ids
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=1000)
-    ap.add_argument("--cycles", type=int, default=5)
-    ap.add_argument("--state-dir")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    own = args.state_dir is None
-    if own:
-        cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="se-cycle-")),
-                               ClusterConfig(ctld_port=find_free_port_block(8, start=25000)))
-        cluster.up()
-    else:
-        cluster = LocalCluster(args.state_dir)
+def measure(cluster: LocalCluster, n_jobs: int, cycles: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="se-cycle-jobs-"))
     ids: list[int] = []
     try:
         t = time.monotonic()
-        ids = submit_many(cluster, args.jobs, work)
+        ids = submit_many(cluster, n_jobs, work)
         submit_s = time.monotonic() - t
         cfg = config_from_dict({"state_dir": str(work / "state"), "metrics_address": ""})
         d = Daemon(cfg, backend=cluster.backend, dry_run=True)
         d.enactor = None
         times, reads, solves = [], [], []
-        for _ in range(args.cycles):
+        for _ in range(cycles):
             t0 = time.perf_counter()
             jobs = cluster.backend.list_jobs()
             reads.append(time.perf_counter() - t0)
@@ -86,9 +73,18 @@ def main() -> int:
         for k in range(0, len(ids), 500):
             subprocess.run(["/usr/bin/scancel", *map(str, ids[k:k + 500])], env=cluster.env, capture_output=True,
                            timeout=120, check=False)
-        if own:
-            time.sleep(1)
-            cluster.down()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--state-dir")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    with cluster_for(args.state_dir, prefix="se-cycle-", start_port=25000) as cluster:
+        out = measure(cluster, args.jobs, args.cycles)
     print(f"daemon cycle with {out['jobs_pending']} pending elastic jobs (Slurm {out['slurm']}, dry run): "
           f"median {out['cycle_median_s']:.3f} s (first {out['cycle_first_s']:.3f} s); "
           f"squeue --json read+parse {out['squeue_read_parse_median_s']:.3f} s; DP solve {out['solve_median_s']:.3f} s; "

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block  # noqa: E402
+from slurm_elastic.cluster import LocalCluster, cluster_for  # noqa: E402
 from slurm_elastic.spec import Decision  # noqa: E402
 from slurm_elastic.train.protocol import read_ack  # noqa: E402
 
@@ -98,18 +98,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    own = args.state_dir is None
-    if own:
-        cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="se-bench-")),
-                               ClusterConfig(ctld_port=find_free_port_block(8, start=24000)))
-        cluster.up()
-    else:
-        cluster = LocalCluster(args.state_dir)
-    try:
+    with cluster_for(args.state_dir, prefix="se-bench-", start_port=24000) as cluster:
         runs = [one_resize(cluster, Path(tempfile.mkdtemp(prefix="se-resize-"))) for _ in range(args.runs)]
-    finally:
-        if own:
-            cluster.down()
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print(f"resize 1x2 -> 2x2 GPUs on the local cluster (Slurm {cluster.backend.version()}), "
           f"median of {len(runs)} runs:")

@@ -19,6 +19,7 @@ hide the difference from tests and the demo.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -681,3 +683,26 @@ def resolve_release(slurm: str | None) -> str | None:
     except ChrootError:
         pass
     return slurm
+
+
+@contextlib.contextmanager
+def cluster_for(state_dir: str | os.PathLike | None, *, prefix: str = "se-", start_port: int = 24000,
+                config: ClusterConfig | None = None):
+    """The cluster at ``state_dir`` (it must be up), or a temporary one on free ports, stopped on exit.
+
+    For scripts and benchmarks that take ``--state-dir`` or else bring up a cluster of their own.
+    """
+    if state_dir is not None:
+        cluster = LocalCluster(state_dir)
+        if not cluster.is_up():
+            raise ClusterError(f"no local cluster is up in {state_dir}")
+        yield cluster
+        return
+    cfg = config or ClusterConfig()
+    cfg.ctld_port = find_free_port_block(cfg.nodes + 1, start=start_port)
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix=prefix)), cfg)
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
