@@ -9,7 +9,9 @@ It behaves like the parts of Slurm the daemon uses, and models what a job does:
   with backfill (a job that fits starts even if an earlier one does not). Elastic jobs are submitted
   held (as the submit plugin holds them), so only the daemon's ``release`` lets them start.
   Non-elastic jobs are submitted released and run for their ``duration_s``.
-- **An elastic job's work**: it has ``total_samples`` to process. Once started it spends a start-up
+- **An elastic job's work**: it has ``total_samples`` to process (with an ``efficiency`` function, the
+  goodput work model: progress accrues at samples/s x efficiency(batch), and ``total_samples`` is the
+  work in samples at the app's initial batch). Once started it spends a start-up
   time (``startup_s`` on its first start, ``restart_s`` after a requeue) holding its GPUs without
   progress, then trains at ``model.samples_per_s(gpus, nodes, local_batch, accum)`` with the
   decision read from its ``AdminComment`` (without a decision: the spec's requested batch), and
@@ -32,6 +34,8 @@ import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from slurm_elastic.backends.base import (
     PENDING,
@@ -70,6 +74,7 @@ class SimJob:
     total_samples: float | None = None  # elastic jobs
     duration_s: float | None = None  # non-elastic jobs
     model: ThroughputModel | None = None
+    efficiency: object | None = None  # goodput work model: batch -> statistical efficiency (None: 1)
     checkpoint_s: float = 10.0
     restart_s: float = 35.0
     startup_s: float = 0.0
@@ -159,6 +164,7 @@ class SimulatedSlurm(SlurmBackend):
         duration_s: float | None = None,
         model: ThroughputModel | None = None,
         requeueable: bool = True,
+        efficiency=None,
         checkpoint_s: float | None = None,
         restart_s: float | None = None,
         startup_s: float | None = None,
@@ -186,6 +192,7 @@ class SimulatedSlurm(SlurmBackend):
             total_samples=total_samples,
             duration_s=duration_s,
             model=model,
+            efficiency=efficiency,
             checkpoint_s=self.checkpoint_s if checkpoint_s is None else checkpoint_s,
             restart_s=self.restart_s if restart_s is None else restart_s,
             startup_s=self.startup_s if startup_s is None else startup_s,
@@ -304,7 +311,10 @@ class SimulatedSlurm(SlurmBackend):
             if split is None:
                 raise SlurmError(f"job {j.job_id}: requested batch {b} cannot run on {j.gpus} GPUs")
             j.batch, j.local_batch, j.accum = b, split[0], split[1]
-        return j.model.samples_per_s(j.gpus, j.num_nodes, j.local_batch, j.accum)
+        rate = j.model.samples_per_s(j.gpus, j.num_nodes, j.local_batch, j.accum)
+        if j.efficiency is not None:
+            rate *= float(np.asarray(j.efficiency(np.array([float(j.batch)])))[0])
+        return rate
 
     def _on_ack(self, j: SimJob) -> None:
         self._changed(j)

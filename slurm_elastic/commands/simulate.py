@@ -29,12 +29,14 @@ def _policies(policy: str | None, compare: str | None) -> list[str]:
     return [policy or "dp"]
 
 
-def _get_policy(name: str):
+def _get_policy(name: str, dp_objective: str = "throughput"):
     try:
         from slurm_elastic.policies import get_policy
     except ImportError as e:  # pragma: no cover - the registry ships with the optimizer
         raise click.ClickException(f"the policy registry is not available: {e}") from None
     try:
+        if dp_objective != "throughput" and name.strip().lower() == "dp":
+            return get_policy(name, objective=dp_objective)
         return get_policy(name)
     except (KeyError, ValueError) as e:
         raise click.ClickException(str(e.args[0] if e.args else e)) from None
@@ -73,11 +75,16 @@ def _get_policy(name: str):
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="Write PNG figures into this folder.")
 @click.option("--write-trace", type=click.Path(dir_okay=False),
               help="Write the workload in our trace CSV format to this file and exit.")
+@click.option("--work-model", type=click.Choice(["samples", "goodput"]), default="samples", show_default=True,
+              help="samples: a job needs its total samples at any batch (the paper's model); goodput: progress "
+                   "is samples x the app's statistical efficiency at its batch (Pollux validation data).")
+@click.option("--dp-objective", type=click.Choice(["throughput", "goodput"]), default="throughput",
+              show_default=True, help="What the dp policy maximises.")
 @click.option("--sweep", help="Synthetic arrival-rate sweep: comma-separated rates (jobs/h), instead of --rate.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
 def simulate(workload_path, fmt, rate, n_jobs, hours, mix, seed, sacct_static, policy, compare, nodes, gpus_per_node,
              interval, checkpoint_s, restart_s, startup_s, cooldown, max_in_flight, horizon, json_out, plot_dir,
-             write_trace, sweep, progress):
+             write_trace, work_model, dp_objective, sweep, progress):
     """Replay a workload through the scheduler (the daemon's planner and policies) in simulated time."""
     from slurm_elastic.planner import PlannerConfig
     from slurm_elastic.sim import workloads as wl
@@ -89,7 +96,8 @@ def simulate(workload_path, fmt, rate, n_jobs, hours, mix, seed, sacct_static, p
         raise click.UsageError("give --policy or --compare, not both")
     if sweep:
         return _sweep(sweep, n_jobs, hours, mix, seed, policy, compare, nodes, gpus_per_node, interval, checkpoint_s,
-                      restart_s, startup_s, cooldown, max_in_flight, horizon, json_out, plot_dir, progress)
+                      restart_s, startup_s, cooldown, max_in_flight, horizon, json_out, plot_dir, progress,
+                      work_model, dp_objective)
     try:
         mix_d = wl.parse_mix(mix)
         if workload_path:
@@ -117,10 +125,10 @@ def simulate(workload_path, fmt, rate, n_jobs, hours, mix, seed, sacct_static, p
     cfg = SimConfig(
         nodes=nodes, gpus_per_node=gpus_per_node, interval_s=interval, checkpoint_s=checkpoint_s,
         restart_s=restart_s, startup_s=startup_s, horizon_s=horizon,
-        planner=PlannerConfig(cooldown_s=cooldown, max_in_flight=max_in_flight),
+        planner=PlannerConfig(cooldown_s=cooldown, max_in_flight=max_in_flight), work_model=work_model,
     )
     names = _policies(policy, compare)
-    pols = {n: _get_policy(n) for n in names}
+    pols = {n: _get_policy(n, dp_objective) for n in names}
     show = sys.stderr.isatty() if progress is None else progress
     results, metrics = {}, {}
     for name, pol in pols.items():
@@ -153,7 +161,8 @@ def simulate(workload_path, fmt, rate, n_jobs, hours, mix, seed, sacct_static, p
 
 
 def _sweep(sweep, n_jobs, hours, mix, seed, policy, compare, nodes, gpus_per_node, interval, checkpoint_s,
-           restart_s, startup_s, cooldown, max_in_flight, horizon, json_out, plot_dir, progress):
+           restart_s, startup_s, cooldown, max_in_flight, horizon, json_out, plot_dir, progress, work_model="samples",
+           dp_objective="throughput"):
     """Run each policy at each arrival rate; JSON: {policy: {"rate_per_h": [...], "runs": [metrics...]}}."""
     from slurm_elastic.planner import PlannerConfig
     from slurm_elastic.sim import workloads as wl
@@ -170,11 +179,11 @@ def _sweep(sweep, n_jobs, hours, mix, seed, policy, compare, nodes, gpus_per_nod
     if n_jobs is None and hours is None:
         raise click.UsageError("a sweep needs --hours (or --jobs)")
     names = _policies(policy, compare)
-    pols = {n: _get_policy(n) for n in names}
+    pols = {n: _get_policy(n, dp_objective) for n in names}
     cfg = SimConfig(
         nodes=nodes, gpus_per_node=gpus_per_node, interval_s=interval, checkpoint_s=checkpoint_s,
         restart_s=restart_s, startup_s=startup_s, horizon_s=horizon if horizon else (hours * 3600 if hours else None),
-        planner=PlannerConfig(cooldown_s=cooldown, max_in_flight=max_in_flight),
+        planner=PlannerConfig(cooldown_s=cooldown, max_in_flight=max_in_flight), work_model=work_model,
     )
     out = {n: {"rate_per_h": rates, "runs": []} for n in names}
     show = sys.stderr.isatty() if progress is None else progress

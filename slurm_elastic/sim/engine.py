@@ -7,9 +7,12 @@ backend. Between cycles the engine moves the virtual clock from event to event (
 done, checkpoint acknowledged, job complete); after every event it lets the enactor finish
 acknowledged resizes, as the daemon's poll would.
 
-Work model: a job completes when it has processed its total samples (the paper's model): progress
-is throughput x time at the (GPUs, batch) it runs, from the job's measured throughput model, which is
-also the model the policy sees. A rescale costs ``checkpoint_s`` (job stopped, GPUs held, then it
+Work model (``work_model="samples"``, the default): a job completes when it has processed its total
+samples (the paper's model). With ``work_model="goodput"`` progress accrues at samples/s x the app's
+statistical efficiency at the job's batch (``profiles.goodput``; 1 for profiles without such data), and
+the total is the work in samples at the app's initial batch: larger batches then need more samples.
+Throughput at the (GPUs, batch) a job runs comes from its measured throughput model, which is also the
+model the policy sees. A rescale costs ``checkpoint_s`` (job stopped, GPUs held, then it
 acknowledges) plus ``restart_s`` after the release (GPUs held at the new size, no progress): with the
 defaults 10 + 35 = 45 s, in the issue's 30-60 s range until the daemon measures the real path. The
 policy is told the same total as each job's ``restart_s``. A job whose spec gives its own ``restart_s``
@@ -51,6 +54,7 @@ class SimConfig:
     plan_horizon_s: float = 3600.0  # restart costs are amortised over this (AllocationProblem.horizon_s)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     ack_timeout_s: float = 600.0
+    work_model: str = "samples"  # "samples" (the paper's) or "goodput" (Pollux statistical efficiency)
 
     @property
     def rescale_cost_s(self) -> float:
@@ -115,6 +119,15 @@ class Simulation:
         self.config = config
         self._model_for_job = model_for_job or (lambda w: model_for_spec(w.spec, config.gpus_per_node))
 
+    @staticmethod
+    def _efficiency(model: ThroughputModel):
+        """The Pollux statistical-efficiency function for a model's app (None: efficiency 1)."""
+        from slurm_elastic.profiles.goodput import pollux_efficiency
+        from slurm_elastic.profiles.measured import POLLUX_APPS
+
+        app = getattr(model, "app", None)
+        return pollux_efficiency(app) if app in POLLUX_APPS else None
+
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         cfg = self.config
         wall0 = time.perf_counter()
@@ -172,6 +185,7 @@ class Simulation:
                     jid = backend.submit(
                         name=w.name, gpus_per_node=gpn, num_nodes=nodes, comment=spec.to_comment(), user=w.user,
                         total_samples=w.total_samples, model=model, checkpoint_s=ck, restart_s=rs,
+                        efficiency=self._efficiency(model) if cfg.work_model == "goodput" else None,
                     )
                     models[jid] = model
                 else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sim_helpers import EqualShare, LinearModel, Requested, toy_job
 
@@ -165,3 +167,35 @@ def test_scattered_gpus_do_not_block_a_start():
     out = {j.name: j for j in res.jobs}
     assert out["E"].jct_s == pytest.approx(1000.0)
     assert [(t, g) for t, g, _ in out["E"].sizes] == [(0.0, 1)]
+
+
+def test_goodput_work_model_slows_progress_by_the_efficiency():
+    """With an efficiency of 0.5 at the job's batch, 100,000 samples of work on 4 GPUs (400/s) take
+    500 s instead of 250 s."""
+
+    class HalfEfficient(Simulation):
+        @staticmethod
+        def _efficiency(model):
+            return lambda batch: [0.5 for _ in batch]
+
+    jobs = [toy_job("A", 0.0, 100_000)]
+    cfg = SimConfig(nodes=1, gpus_per_node=4, planner=PlannerConfig(cooldown_s=0.0))
+    plain = Simulation(jobs, EqualShare(), cfg, model_for_job=lambda w: MODEL).run()
+    good = HalfEfficient(jobs, EqualShare(), replace(cfg, work_model="goodput"), model_for_job=lambda w: MODEL).run()
+    assert plain.jobs[0].jct_s == pytest.approx(250.0)
+    assert good.jobs[0].jct_s == pytest.approx(500.0)
+
+
+@pytest.mark.parametrize("objective", ["throughput", "goodput"])
+def test_goodput_work_model_on_measured_profiles(objective):
+    from slurm_elastic.policies import get_policy
+
+    jobs = synthetic(rate_per_h=20, hours=1, seed=5)
+    cfg = SimConfig(nodes=4, work_model="goodput")
+    res = Simulation(jobs, get_policy("dp", objective=objective), cfg).run()
+    assert res.stopped == "done" and summarize(res)["jobs_completed"] == len(jobs)
+    for j in res.jobs:
+        assert j.processed == pytest.approx(j.total_samples, rel=1e-9)
+    # The measured efficiencies (< 1 above an app's initial batch) made some job take longer.
+    base = Simulation(jobs, get_policy("dp", objective=objective), SimConfig(nodes=4)).run()
+    assert any(g.jct_s > b.jct_s + 1.0 for g, b in zip(res.jobs, base.jobs, strict=True))
