@@ -155,7 +155,7 @@ COMMENTS = st.one_of(st.lists(ITEMS, max_size=10).map(lambda xs: BASE + "," + ",
                      st.text(max_size=80).map(lambda s: "elastic:" + s))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(COMMENTS, min_size=1, max_size=6), st.sampled_from(["dp", "fixed-batch", "static"]))
 def _fuzz_cycle(tmp_path_factory, comments, policy):
     from slurm_elastic.backends.simulated import SimulatedSlurm
