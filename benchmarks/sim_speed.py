@@ -2,7 +2,7 @@
 
     python benchmarks/sim_speed.py [--jobs 10000] [--pollux ../shared/data/pollux]
 
-Prints the figures that docs/EVALUATION.md (section 4) records; not a test, no timed asserts.
+Prints the figures that docs/EVALUATION.md (section 5) records; not a test, no timed asserts.
 """
 
 from __future__ import annotations
