@@ -59,9 +59,9 @@ def _get_policy(name: str, dp_objective: str = "throughput"):
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Scheduling interval (s), the daemon's polling period.")
-@click.option("--checkpoint-s", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--checkpoint-s", type=click.FloatRange(min=0), default=1.5, show_default=True,
               help="Time from USR2 to the checkpoint ack (s).")
-@click.option("--restart-s", type=click.FloatRange(min=0), default=35.0, show_default=True,
+@click.option("--restart-s", type=click.FloatRange(min=0), default=10.5, show_default=True,
               help="Time from release to training at the new size (s).")
 @click.option("--startup-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Start-up time of a job's first start (s), the same under every policy.")

@@ -125,7 +125,7 @@ def action_from_json(text: str) -> pl.Action:
     kind = d.get("kind")
     if "decision" in d and isinstance(d["decision"], dict):
         d["decision"] = Decision(**d["decision"])
-    cls = {"start": pl.Start, "resize": pl.Resize, "preempt": pl.Preempt, "leave": pl.Leave}.get(kind)
+    cls = {"start": pl.Start, "resize": pl.Resize, "preempt": pl.Preempt, "hold": pl.Hold, "leave": pl.Leave}.get(kind)
     if cls is None:
         raise ValueError(f"unknown action kind {kind!r}")
     return cls(**d)

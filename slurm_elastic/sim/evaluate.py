@@ -137,7 +137,7 @@ def sweep_section(figs: Path, quick: bool, cfg: SimConfig, seed: int) -> tuple[s
 
 def sensitivity_section(pollux: Path, quick: bool, cfg: SimConfig) -> str:
     jobs = read_pollux(pollux / "workloads" / "workload-1.csv", node_size=cfg.gpus_per_node)
-    costs = [(10.0, 5.0), (10.0, 35.0), (10.0, 110.0), (30.0, 270.0)] + ([] if quick else [(60.0, 540.0)])
+    costs = [(1.5, 10.5), (10.0, 5.0), (10.0, 35.0), (10.0, 110.0), (30.0, 270.0)] + ([] if quick else [(60.0, 540.0)])
     rows = []
     for ck, rs in costs:
         c = replace(cfg, checkpoint_s=ck, restart_s=rs)
@@ -161,7 +161,7 @@ def sensitivity_section(pollux: Path, quick: bool, cfg: SimConfig) -> str:
     t2 = report.markdown_table(["scheduling interval", "avg JCT h dp", "fixed-batch", "static", "fixed/dp", "static/dp",
                                 "rescales dp", "cycles dp"], rows)
     return ("Pollux `workloads/workload-1.csv`, 64 GPUs, other settings at their defaults.\n\n**Rescale cost.**\n\n" + t1
-            + "\n\n**Scheduling interval** (rescale cost 45 s).\n\n" + t2 + "\n")
+            + f"\n\n**Scheduling interval** (rescale cost {cfg.checkpoint_s + cfg.restart_s:g} s).\n\n" + t2 + "\n")
 
 
 def goodput_section(pollux: Path, quick: bool, cfg: SimConfig) -> str:

@@ -59,14 +59,14 @@ def test_actions_round_trip_through_the_intent_table(tmp_path):
     db = StateDB(tmp_path)
     d = Decision(gpus=8, nodes=2, batch=512, local_batch=64, seq=2)
     for a in [pl.Start(5, 8, 2, 4, d, reason="admitted"), pl.Resize(6, 4, 8, 2, 4, d, reason="grow"),
-              pl.Preempt(7, 4, reason="x")]:
+              pl.Preempt(7, 4, reason="x"), pl.Hold(8, 4, reason="cannot place")]:
         assert action_from_json(action_to_json(a)) == a
         db.write_intent(a, "signal", restart_count=3)
     assert [(i["job_id"], i["step"], i["restart_count"]) for i in db.open_intents()] == [(5, "signal", 3), (6, "signal", 3),
-                                                                                       (7, "signal", 3)]
+                                                                                       (7, "signal", 3), (8, "signal", 3)]
     db.write_intent(pl.Resize(6, 4, 8, 2, 4, d), "update")
     db.close_intent(5)
-    assert {i["job_id"]: i["step"] for i in db.open_intents()} == {6: "update", 7: "signal"}
+    assert {i["job_id"]: i["step"] for i in db.open_intents()} == {6: "update", 7: "signal", 8: "signal"}
 
 
 def _request(jid, spec, running=0):
