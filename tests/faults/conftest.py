@@ -151,6 +151,8 @@ def lua_cluster():
         conf = cluster.conf_path
         text = conf.read_text().replace("PartitionName=gpu Nodes=ALL Default=YES",
                                         "PartitionName=gpu Nodes=node[1-2] Default=YES")
+        # A killed slurmd is noticed in ~10 s instead of 60 (test_slurm_daemons.py).
+        text = text.replace("SlurmdTimeout=60", "SlurmdTimeout=10")
         conf.write_text(text + "PartitionName=other Nodes=node3 MaxTime=INFINITE State=UP\n")
 
     cluster.write_config = write_config

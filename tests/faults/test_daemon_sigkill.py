@@ -15,7 +15,15 @@ import json
 import os
 
 import pytest
-from faultlib import DaemonProc, assert_exactly_once, jobs_by_id, scancel, submit_template_job, wait_for, write_config
+from faultlib import (
+    DaemonProc,
+    assert_exactly_once,
+    jobs_by_id,
+    scancel,
+    submit_template_job,
+    wait_for,
+    write_config,
+)
 
 pytest.importorskip("torch")
 
@@ -53,7 +61,7 @@ def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_pa
             logs.append(log)
             d = DaemonProc.faulty(slurm_cluster, cfg, log, step, jid, marker)
             try:
-                wait_for(lambda: d.proc.poll() is not None
+                wait_for(lambda d=d: d.proc.poll() is not None
                          or not ((j := slurm_cluster.backend.get_job(jid, include_finished=True)) and j.is_active),
                          180, f"life {i} to be killed after {step}", poll=1)
             finally:
@@ -96,5 +104,5 @@ def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_pa
     assert not held
     recovered = "\n".join(p.read_text() for p in logs[1:]) + (tmp_path / "life6.log").read_text()
     assert "resize re-adopted" in recovered and "resize had completed" in recovered
-    reliability.jobs(completed=1, lost=0, left_held=0)
+    reliability.jobs(completed=int(job.state == "COMPLETED"), lost=int(job.state != "COMPLETED"), left_held=len(held))
     reliability.figure("daemon lives", len(STEPS) + 2)

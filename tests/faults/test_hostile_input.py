@@ -105,9 +105,10 @@ def test_hostile_specs_through_the_daemon_are_reported_never_acted_on(slurm_clus
         big = recs[ids[-1]]
         assert not big.held and 1 <= big.gpus_total <= 16 and big.admin_comment.startswith("elastic-decision:"), big
         assert not canary.exists()
+        lost = len(set(ids) - set(recs))
     finally:
         scancel(slurm_cluster, ids)
-    reliability.jobs(lost=0)
+    reliability.jobs(lost=lost, left_held=int(big.held))
     reliability.figure("specs rejected", f"{len(bad)}/{len(cases) - 1}")
 
 
