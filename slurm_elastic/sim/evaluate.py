@@ -223,7 +223,7 @@ which spies on the planner and the policy during a simulation).
 
 Settings unless a table says otherwise: {nodes} nodes x {gpn} GPUs = {gpus} GPUs; scheduling interval {interval:g} s;
 a rescale costs {ck:g} s of checkpoint (USR2 to ack, GPUs held) + {rs:g} s of restart (release to training,
-GPUs held) = {total:g} s (the issue's 30-60 s range until the daemon measures the real path); first starts cost
+GPUs held) = {total:g} s (the real path as measured on the local cluster, docs/MEASUREMENTS.md); first starts cost
 nothing under every policy; rescale cooldown {cool:g} s; at most {mif} rescales in flight. Work model: a job
 completes when it has processed its total samples (the paper's model): Pollux jobs N x epochs of their app;
 synthetic jobs what their Philly duration would process at their requested size. Throughput from the
