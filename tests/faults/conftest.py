@@ -97,7 +97,29 @@ def render(rows: list[dict], wall_s: float) -> str:
         lines.append(f"| {_cell(r['area'])} | {_cell(r['fault'])}: {_cell(r['tried'])} | {_cell(r['checks'])} | "
                      f"{_cell(r['completed'])} | {_cell(r['lost'])} | {_cell(r['left_held'])} | {_cell(figs)} | "
                      f"**{r['outcome']}** |")
-    lines += ["", "Tests: " + ", ".join(f"`{r['test']}`" for r in ran), ""]
+    lines += [
+        "",
+        "Terms: *lost* = jobs of the row that Slurm no longer has active (or that failed) when the test checks;",
+        "*left held* = jobs the daemon or the fault left held after a decision, or held where the row says they",
+        "must run. Jobs still waiting held for GPUs (the load row) or never managed because their spec is bad",
+        "(the daemon row of the hostile specs: submitted without the plugin, which would refuse them) are",
+        "counted in the figures, not as left held.",
+        "",
+        "Bugs this suite found, fixed in the commits named (the rows above are the regression tests):",
+        "",
+        "- the daemon, restarted after a kill right after the stop signal, sent the signal again to a job that",
+        "  had already acknowledged; its exiting tasks died of the second USR2 (exit 140 instead of 75) and the",
+        "  job failed instead of being requeued (daemon: no resend once the ack is there);",
+        "- the submit plugin accepted throughput points the daemon rejects (`points=1x64@1e400`, a 10^18 batch",
+        "  in a point) and numbers outside the parser's syntax, so such a job was held at submit and then never",
+        "  placed (plugin: the parser's bounds and number syntax).",
+        "",
+        "Not covered here: a training task SIGKILLed in the middle of writing its checkpoint is tested without",
+        "Slurm in `tests/integration/test_train_ddp.py::test_sigkill_during_checkpoint_write_keeps_previous_and_resumes_from_it`.",
+        "",
+        "Tests: " + ", ".join(f"`{r['test']}`" for r in ran),
+        "",
+    ]
     return "\n".join(lines)
 
 
