@@ -224,7 +224,16 @@ def build_problem(
         target = in_flight.get(r.job_id)
         # The same record object as last cycle (the simulated backend reuses unchanged ones) with the same
         # in-flight target gives the same request and view; only a pending job's wait_s moves on.
-        model = model_for(r, spec)
+        try:
+            model = model_for(r, spec)
+        except SpecError as e:
+            # e.g. profile=NAME with a well-formed but unknown name: this job is reported, the cycle goes on
+            # (found by tests/faults: it used to fail every cycle of the daemon, for every job).
+            errors[r.job_id] = e
+            specs.pop(r.job_id)
+            if r.is_running:
+                capacity -= r.gpus_total
+            continue
         hit = cache.record_hit(r, (target, size, default_restart_s, model))
         if hit is not None:
             req, view, d = hit
