@@ -277,3 +277,28 @@ def test_spec_and_decision_fuzz_counts_from_the_unit_suite_are_reported(reliabil
     assert counted["parser"] >= 500 and counted["decision"] >= 100
     reliability.figure("hypothesis cases", f"{counted['parser']} spec + {counted['decision']} decision")
     json.dumps(counted)
+
+
+def test_unknown_profile_is_a_bad_spec_not_a_failed_cycle(tmp_path, reliability):
+    """Found by the cycle fuzzer: ``profile=0`` (well-formed, unknown) made every daemon cycle raise."""
+    from slurm_elastic.backends.simulated import SimulatedSlurm
+
+    reliability("bad input", "a well-formed but unknown profile name", "profile=nosuchmodel next to a good job",
+                "the cycle completes; the job is reported naming field 'profile' and never acted on; the good "
+                "job is started")
+    sim = SimulatedSlurm(nodes=1, gpus_per_node=4)
+    bad = sim.submit(name="bad", gpus_per_node=1, comment=BASE + ",profile=nosuchmodel", duration_s=1e6, held=True)
+    good = sim.submit(name="good", gpus_per_node=1, comment=BASE, duration_s=1e6, held=True)
+    cfg = config_from_dict({"state_dir": str(tmp_path / "s"), "metrics_address": "", "cooldown_s": 0})
+    d = Daemon(cfg, backend=sim, ack=sim, clock=lambda: sim.now)
+    d.open()
+    try:
+        r = d.cycle()
+    finally:
+        d.close()
+    assert r is not None
+    assert f"job {bad}" in str(r.snapshot.errors[bad]) and "field 'profile'" in str(r.snapshot.errors[bad])
+    assert {x.action.job_id for x in r.results} == {good}
+    sim.advance_to(sim.now + 30)
+    assert sim.get_job(bad).held and not sim.get_job(good).held
+    reliability.jobs(lost=0)
