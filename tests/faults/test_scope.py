@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+import time
 
 import pytest
 from faultlib import jobs_by_id, scancel, wait_for
@@ -39,8 +40,11 @@ def users():
     try:
         yield USERS
     finally:
-        for u in created:
-            subprocess.run(["userdel", u], capture_output=True, timeout=30, check=False)
+        for u in created:  # the users' cancelled jobs may still be ending: retry for a while
+            for _ in range(30):
+                if subprocess.run(["userdel", u], capture_output=True, timeout=30, check=False).returncode in (0, 6):
+                    break
+                time.sleep(1)
 
 
 def run_as(cluster, user, *argv):

@@ -21,6 +21,27 @@ def _ts(line: str) -> float | None:
     return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m else None
 
 
+def _kill_orphaned_steps(cluster, node: str) -> None:
+    """The killed slurmd's node keeps the job's old batch step (slurmstepd + script) running after the job
+    was requeued elsewhere; stop exactly those: scripts under this cluster's spool dir of ``node`` and
+    their slurmstepd parent."""
+    spool = str(cluster.data_dir / "spool" / node) + "/"
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            parent = open(f"/proc/{ppid}/cmdline", "rb").read().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if any(a.startswith(spool) and a.endswith("/slurm_script") for a in cmd):
+            for victim, ok in ((ppid, parent.startswith("slurmstepd:")), (int(pid), True)):
+                if ok:
+                    try:
+                        os.kill(victim, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
 def _submit(cluster, work, n=1):
     script = work / "job.sh"
     script.write_text("#!/bin/bash\nsleep 300\n")
@@ -115,5 +136,6 @@ def test_slurmd_of_a_node_with_an_elastic_job_killed(lua_cluster, tmp_path, reli
     assert "cycle failed" not in log and "Traceback" not in log
     if node:
         wait_for(lambda: any(n.name == node and n.usable for n in c.backend.list_nodes()), 90, f"{node} back")
+        _kill_orphaned_steps(c, node)
     reliability.jobs(lost=int(not again.is_running), left_held=int(again.held))
     reliability.figure("job restarts", again.restart_count)
