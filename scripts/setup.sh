@@ -23,8 +23,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+if [ ! -x .venv/bin/pip ]; then
+  # A half-made venv (ensurepip failed once here, transiently) is removed and made again.
+  rm -rf .venv
+  "$PY" -m venv .venv || { echo "setup: venv creation failed; retrying once" >&2; rm -rf .venv; sleep 3; "$PY" -m venv .venv; }
 fi
 stamp=.venv/.slurm-elastic-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
