@@ -370,19 +370,14 @@ class Daemon:
         try:
             records = self.backend.list_jobs()
         except SlurmError as e:
-            kind = "parse" if isinstance(e, SlurmParseError) else "slurm"
-            self.metrics.inc("slurm_elastic_errors_total", kind=kind)
-            self.backoff_s = min(max(2 * self.backoff_s, cfg.poll_interval_s), 300.0)
-            event(logging.ERROR, "cycle skipped: cannot read Slurm", error=str(e), retry_in_s=self.backoff_s)
-            return None
+            return self._skip_cycle(e)
         self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
         if not self.dry_run and reconcile(self.db, self.backend, self.enactor, self.journal):
             try:  # reconcile acted: read again rather than plan on what it changed
                 records = self.backend.list_jobs()
             except SlurmError as e:
-                event(logging.ERROR, "cycle skipped: cannot read Slurm", error=str(e))
-                return None
+                return self._skip_cycle(e)
             self.records = {j.job_id: j for j in records}
         now = self.clock()
         backend = _Snapshotted(self.backend, records)
@@ -395,15 +390,19 @@ class Daemon:
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
             )
         except SlurmError as e:
-            kind = "parse" if isinstance(e, SlurmParseError) else "slurm"
-            self.metrics.inc("slurm_elastic_errors_total", kind=kind)
-            self.backoff_s = min(max(2 * self.backoff_s, cfg.poll_interval_s), 300.0)
-            event(logging.ERROR, "cycle skipped: cannot read Slurm", error=str(e), retry_in_s=self.backoff_s)
-            return None
+            return self._skip_cycle(e)
         self.backoff_s = 0.0
         elapsed = time.perf_counter() - t0
         self._after_cycle(result, records, elapsed)
         return result
+
+    def _skip_cycle(self, e: SlurmError) -> None:
+        """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""
+        kind = "parse" if isinstance(e, SlurmParseError) else "slurm"
+        self.metrics.inc("slurm_elastic_errors_total", kind=kind)
+        self.backoff_s = min(max(2 * self.backoff_s, self.config.poll_interval_s), 300.0)
+        event(logging.ERROR, "cycle skipped: cannot read Slurm", error=str(e), retry_in_s=self.backoff_s)
+        return None
 
     def _after_cycle(self, result, records, elapsed: float) -> None:
         snap = result.snapshot
