@@ -133,20 +133,12 @@ def simulate(workload_path, fmt, rate, n_jobs, hours, mix, seed, sacct_static, p
     results, metrics = {}, {}
     for name, pol in pols.items():
         sim = Simulation(jobs, pol, cfg)
-        if show:
-            with click.progressbar(length=len(jobs), label=f"{name:>12}", file=sys.stderr) as bar:
-                res = sim.run(progress=bar.update)
-        else:
-            res = sim.run()
+        res = _run(sim, len(jobs), f"{name:>12}", show)
         results[name] = res
         metrics[name] = summarize(res)
     click.echo(table(metrics))
     if json_out:
-        text = json.dumps(metrics, indent=2, sort_keys=True)
-        if json_out == "-":
-            click.echo(text)
-        else:
-            Path(json_out).write_text(text + "\n")
+        _write_json(metrics, json_out)
     if plot_dir:
         from slurm_elastic.sim import report
 
@@ -197,21 +189,13 @@ def _sweep(sweep, n_jobs, hours, mix, seed, policy, compare, nodes, gpus_per_nod
         ms = {}
         for name, pol in pols.items():
             sim = Simulation(jobs, pol, cfg)
-            if show:
-                with click.progressbar(length=len(jobs), label=f"{rate:g}/h {name:>12}", file=sys.stderr) as bar:
-                    res = sim.run(progress=bar.update)
-            else:
-                res = sim.run()
+            res = _run(sim, len(jobs), f"{rate:g}/h {name:>12}", show)
             ms[name] = summarize(res)
             out[name]["runs"].append(ms[name])
         click.echo(f"rate {rate:g} jobs/h ({len(jobs)} jobs)")
         click.echo(table(ms))
     if json_out:
-        text = json.dumps(out, indent=2, sort_keys=True)
-        if json_out == "-":
-            click.echo(text)
-        else:
-            Path(json_out).write_text(text + "\n")
+        _write_json(out, json_out)
     if plot_dir:
         from slurm_elastic.sim import report
 
@@ -230,3 +214,20 @@ def _looks_like_sacct(path: str) -> bool:
             if line.strip() and not line.lstrip().startswith("#"):
                 return "|" in line and "JobID" in line
     return False
+
+
+def _run(sim, n_jobs: int, label: str, show: bool):
+    """Run one simulation, with a progress bar on stderr when asked."""
+    if not show:
+        return sim.run()
+    with click.progressbar(length=n_jobs, label=label, file=sys.stderr) as bar:
+        return sim.run(progress=bar.update)
+
+
+def _write_json(obj, json_out: str) -> None:
+    """``--json OUT``: the results as one JSON object, to a file or (``-``) to stdout."""
+    text = json.dumps(obj, indent=2, sort_keys=True)
+    if json_out == "-":
+        click.echo(text)
+    else:
+        Path(json_out).write_text(text + "\n")
