@@ -88,19 +88,23 @@ class SpecCache:
             self._rec.clear()
         self._rec[record.job_id] = (record, context, payload)
 
-    def decision(self, admin_comment: str, job_id) -> Decision | None:
-        hit = self._dec.get(admin_comment, self)
+    def _parsed(self, cache: dict, key, parse, job_id):
+        """``parse()`` once per key; a SpecError is cached too and raised again naming this job."""
+        hit = cache.get(key, self)
         if hit is self:
             try:
-                hit = parse_decision(admin_comment, job_id)
+                hit = parse()
             except SpecError as e:
                 hit = e
-            if len(self._dec) >= self.max_size:
-                self._dec.clear()
-            self._dec[admin_comment] = hit
+            if len(cache) >= self.max_size:
+                cache.clear()
+            cache[key] = hit
         if isinstance(hit, SpecError):
             raise SpecError(hit.reason, job_id=job_id, field=hit.field)
         return hit
+
+    def decision(self, admin_comment: str, job_id) -> Decision | None:
+        return self._parsed(self._dec, admin_comment, lambda: parse_decision(admin_comment, job_id), job_id)
 
     def running_samples_per_s(self, model: ThroughputModel, spec: ElasticSpec, gpus: int, batch: int, size: int) -> float:
         """Throughput of ``spec`` on ``gpus`` GPUs at global ``batch`` (0 when the batch cannot run there)."""
@@ -128,21 +132,12 @@ class SpecCache:
         return v
 
     def get(self, comment: str, job_id, node_size: int) -> ElasticSpec:
-        key = (comment, node_size)
-        hit = self._d.get(key)
-        if hit is None:
-            try:
-                spec = parse_spec(comment, job_id)
-                validate_spec(spec, job_id, node_size=node_size)
-                hit = spec
-            except SpecError as e:
-                hit = e
-            if len(self._d) >= self.max_size:
-                self._d.clear()
-            self._d[key] = hit
-        if isinstance(hit, SpecError):
-            raise SpecError(hit.reason, job_id=job_id, field=hit.field)
-        return hit
+        def parse() -> ElasticSpec:
+            spec = parse_spec(comment, job_id)
+            validate_spec(spec, job_id, node_size=node_size)
+            return spec
+
+        return self._parsed(self._d, (comment, node_size), parse, job_id)
 
 
 def node_size_of(nodes: Iterable[NodeRecord]) -> int:
