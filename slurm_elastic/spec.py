@@ -28,6 +28,24 @@ MAX_BATCH_LIMIT = 1 << 40
 MAX_ACCUM_LIMIT = 1 << 12
 MAX_POINTS = 256
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# ckpt_dir may not be (or be under) a system directory: the daemon reads there as root. A trailing
+# "*" matches any name that starts so (/var/lib/slurm-llnl, /var/lib/slurm-elastic). Same list in the plugin.
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib*", "/boot", "/dev", "/proc", "/sys", "/run", "/root",
+               "/var/lib/slurm*", "/var/spool/slurm*", "/var/run", "/var/log", "/var/lib/munge", "/var/lib/dpkg")
+
+
+def system_dir_of(path: str) -> str | None:
+    """The system directory that ``path`` is or lies under (``/`` itself included), else None."""
+    norm = "/" + "/".join(p for p in path.split("/") if p not in ("", "."))
+    if norm == "/":
+        return "/"
+    for d in SYSTEM_DIRS:
+        if d.endswith("*"):
+            if norm.startswith(d[:-1]):
+                return d
+        elif norm == d or norm.startswith(d + "/"):
+            return d
+    return None
 _INT_RE = re.compile(r"^[0-9]{1,15}$")
 _FLOAT_RE = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?$")
 
@@ -257,6 +275,10 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
                     job_id=job_id,
                     field=key,
                 )
+            sysdir = system_dir_of(value)
+            if sysdir:
+                raise SpecError(f"{value[:80]!r} is a system directory ({sysdir}); use a directory of your own",
+                                job_id=job_id, field=key)
             values[key] = value
         elif key == "profile":
             if not _NAME_RE.match(value):

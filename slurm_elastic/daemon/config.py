@@ -37,6 +37,8 @@ class DaemonConfig:
     metrics_port: int = 9788
     slurm_bin: str = "/usr/bin"  # where squeue/scontrol/sinfo/scancel live
     slurm_timeout_s: float = 30.0  # per Slurm command
+    max_weight: float = 10.0  # site maximum of a spec's weight; a job asking more is refused (bad spec)
+    watchdog_s: float = 600.0  # a cycle (or a stop) stuck this long ends the process (systemd restarts it); 0 = off
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:
@@ -104,6 +106,8 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
         raise ConfigError(f"{source}: poll_interval_s must be at least 1")
     if not 0 < cfg.metrics_port < 65536:
         raise ConfigError(f"{source}: metrics_port must be in 1..65535")
+    if cfg.max_weight <= 0:
+        raise ConfigError(f"{source}: max_weight must be positive")
     if cfg.max_in_flight < 1:
         raise ConfigError(f"{source}: max_in_flight must be at least 1")
     return cfg

@@ -29,7 +29,11 @@ from slurm_elastic.backends.base import JobRecord, SlurmBackend, SlurmError, Slu
 from slurm_elastic.daemon.caps import CappedPolicy
 from slurm_elastic.daemon.config import DaemonConfig, load_config
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
+from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
+from slurm_elastic.daemon.siterules import SiteRules
 from slurm_elastic.daemon.state import DaemonLock, StateDB, action_from_json
+from slurm_elastic.daemon.userfiles import UserFileError
+from slurm_elastic.daemon.userfiles import read_json as read_user_json
 from slurm_elastic.enact import CycleState, Enactor, run_cycle
 from slurm_elastic.profiles import Observation, ParametricModel, model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
@@ -77,37 +81,58 @@ MIN_FIT_GPU_COUNTS = 3
 
 @dataclass
 class ModelRegistry:
-    """Throughput model per job: online fit of reported points, else profile/points, else default."""
+    """Throughput model per job: online fit of *verified* reported points, else profile/points, else default.
+
+    The report is read through :mod:`userfiles` (no symlinks, FIFOs, foreign files or unbounded reads) and
+    checked by :mod:`reports` (finite, in range, consistent with how long Slurm ran the job on each GPU
+    count). A bad report is that job's problem (``problems``, logged once per change); the job keeps its prior.
+    """
 
     node_size: int = 4
+    evidence: RunEvidence = field(default_factory=RunEvidence)
     _fits: dict = field(default_factory=dict)
-    sources: dict = field(default_factory=dict)  # job id -> "reported (n points)" | "profile" | ...
+    sources: dict = field(default_factory=dict)  # job id -> provenance of its model, shown by status
+    problems: dict = field(default_factory=dict)  # job id -> what was wrong with its report
 
-    def reported(self, job: JobRecord, spec: ElasticSpec) -> list[Observation]:
+    def _problem(self, job_id: int, text: str | None) -> None:
+        if text and self.problems.get(job_id) != text:
+            event(logging.WARNING, "throughput report not used", job=job_id, error=text)
+        if text:
+            self.problems[job_id] = text
+        else:
+            self.problems.pop(job_id, None)
+
+    def reported(self, job: JobRecord, spec: ElasticSpec) -> tuple[list[Observation], int]:
+        """(observations from verified points, number of unverified points ignored)."""
+        from slurm_elastic.train.protocol import THROUGHPUT_NAME
+
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
-            return []
-        from slurm_elastic.train.protocol import read_throughput
-
+            return [], 0
         try:
-            points = read_throughput(d)
-        except (OSError, ValueError):
-            return []
+            data = read_user_json(d, THROUGHPUT_NAME, job.user_id)
+            points = validate_report(data, job.job_id) if data is not None else []
+        except (UserFileError, ReportError) as e:
+            self._problem(job.job_id, f"{d.rstrip('/')}/{THROUGHPUT_NAME}: {e}")
+            return [], 0
+        except OSError as e:
+            self._problem(job.job_id, f"{d}: {e.strerror or e}")
+            return [], 0
+        verified, why = verify_points(points, job.job_id, self.evidence)
+        self._problem(job.job_id, f"unverified points ignored: {'; '.join(why)[:300]}" if why else None)
         obs = []
-        for p in points:
-            try:
-                k, b, sps = int(p["gpus"]), int(p["batch"]), float(p["samples_per_s"])
-            except (TypeError, ValueError):
-                continue
+        for p in verified:
+            k, b, sps = p["gpus"], p["batch"], float(p["samples_per_s"])
             split = spec.split_batch(k, b)
-            if split is None or sps <= 0:
+            if split is None:
                 continue
             nodes = 1 if k <= self.node_size else -(-k // self.node_size)
             obs.append(Observation(k, nodes, split[0], split[1], sps))
-        return obs
+        return obs, len(why)
 
     def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
-        obs = self.reported(job, spec)
+        obs, unverified = self.reported(job, spec)
+        ignored = f", {unverified} unverified ignored" if unverified else ""
         # A six-term fit from reports at one or two GPU counts extrapolates wildly to the others (seen
         # on the local cluster: a 4x error), so the job's prior stays in charge until it has reported
         # at three or more GPU counts.
@@ -118,23 +143,28 @@ class ModelRegistry:
                 model = ParametricModel.fit(obs, name=f"job{job.job_id}")
                 self._fits = {k: v for k, v in self._fits.items() if k[0] != job.job_id}
                 self._fits[key] = model
-            self.sources[job.job_id] = f"reported ({len(obs)} points)"
+            self.sources[job.job_id] = f"reported ({len(obs)} verified points{ignored})"
             return model
+        note = " (report rejected)" if job.job_id in self.problems and not unverified else ignored
         if spec.profile or spec.points:
-            self.sources[job.job_id] = f"profile {spec.profile}" if spec.profile else "declared points"
+            self.sources[job.job_id] = (f"profile {spec.profile}" if spec.profile else "declared points") + note
             return model_for_spec(spec, self.node_size, job.job_id)
-        self.sources[job.job_id] = "default"
+        self.sources[job.job_id] = "default" + note
         return DEFAULT_MODEL
 
 
 class CheckpointDirAck:
-    """A job acknowledged a stop when its ``stop-ack.<job>.<restart>.json`` is in its ckpt_dir."""
+    """A job acknowledged a stop when its ``stop-ack.<job>.<restart>.json`` is in its ckpt_dir.
+
+    Read through :mod:`userfiles`: a FIFO, symlink or foreign file there is refused at once (the resize
+    then times out and the job keeps running), and never blocks the daemon.
+    """
 
     def __init__(self, records):
         self.records = records  # callable: job id -> JobRecord of the latest read
 
     def checkpoint_acked(self, job_id: int) -> bool:
-        from slurm_elastic.train.protocol import read_ack
+        from slurm_elastic.train.protocol import ack_path
 
         job = self.records().get(int(job_id))
         if job is None:
@@ -146,10 +176,14 @@ class CheckpointDirAck:
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return False
+        name = ack_path(d, job.job_id, job.restart_count).name
         try:
-            return read_ack(d, job.job_id, job.restart_count) is not None
-        except (OSError, ValueError):
+            data = read_user_json(d, name, job.user_id, max_bytes=64 * 1024)
+        except (UserFileError, OSError) as e:
+            event(logging.WARNING, "stop-ack not readable", job=job_id, path=f"{d.rstrip('/')}/{name}", error=str(e))
             return False
+        return (isinstance(data, dict) and str(data.get("job_id")) == str(job.job_id)
+                and data.get("restart_count") == job.restart_count)
 
 
 class DBJournal:
@@ -266,6 +300,7 @@ class Daemon:
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
         self.models = ModelRegistry()
+        self.rules = SiteRules(config.max_weight, config.state_dir)
         self.records: dict[int, JobRecord] = {}
         self.ack = ack if ack is not None else CheckpointDirAck(lambda: self.records)
         self.clock = clock
@@ -290,6 +325,7 @@ class Daemon:
         self.enactor = Enactor(self.backend, self.ack, clock=self.clock, ack_timeout_s=self.config.ack_timeout_s,
                                signal=self.config.signal, journal=None if self.dry_run else self.journal)
         self.state.books = self.db.load_books()
+        self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
         if not self.dry_run:
             try:
                 self.records = {j.job_id: j for j in self.backend.list_jobs()}
@@ -325,6 +361,7 @@ class Daemon:
             return
         self.config = cfg
         self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user)
+        self.rules = SiteRules(cfg.max_weight, cfg.state_dir)
         if self.enactor:
             self.enactor.ack_timeout_s = cfg.ack_timeout_s
             self.enactor.signal_name = cfg.signal
@@ -380,11 +417,15 @@ class Daemon:
                 return self._skip_cycle(e)
             self.records = {j.job_id: j for j in records}
         now = self.clock()
+        wall = time.time()
+        for r in records:
+            if r.is_running:
+                self.models.evidence.observe(r.job_id, r.restart_count, r.gpus_total, r.start_time, wall)
         backend = _Snapshotted(self.backend, records)
         try:
             result = run_cycle(
                 backend, self.policy, _NoPoll(self.enactor) if not self.dry_run else _DryEnactor(self.enactor), self.state,
-                model_for=self.models, now=now,
+                model_for=self._model_for, now=now,
                 planner_config=pl.PlannerConfig(cooldown_s=cfg.cooldown_s, max_in_flight=cfg.max_in_flight,
                                                 allow_preemption=cfg.allow_preemption),
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
@@ -395,6 +436,18 @@ class Daemon:
         elapsed = time.perf_counter() - t0
         self._after_cycle(result, records, elapsed)
         return result
+
+    def _model_for(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
+        """The site's rules for this job (weight, ckpt_dir), then its throughput model; any failure is
+        this job's error (a SpecError naming it), never the cycle's."""
+        try:
+            self.rules.check(job, spec)
+            return self.models(job, spec)
+        except SpecError:
+            raise
+        except Exception as e:  # a bug or an odd file system must not stop the cycle for the others
+            log.exception("cannot vet this job", extra={"kv": {"job": job.job_id, "error": str(e)}})
+            raise SpecError(f"cannot read the job's files: {e}", job_id=job.job_id, field="ckpt_dir") from None
 
     def _skip_cycle(self, e: SlurmError) -> None:
         """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""
@@ -450,6 +503,14 @@ class Daemon:
                 if book and book.last_change_s is not None else None,
                 "reason": plan_reason.get(v.job_id) or (a.reason if a else "") or "",
             })
+        active = {j.job_id for j in records}
+        self.models.evidence.forget_except(active)
+        for d in (self.models.sources, self.models.problems):
+            for jid in [j for j in d if j not in active]:
+                del d[jid]
+        self.db.set_meta("run_evidence", self.models.evidence.to_json())
+        self.db.set_meta("models", {str(j): {"model": src, "report_error": self.models.problems.get(j)}
+                                    for j, src in self.models.sources.items()})
         for jid, err in snap.errors.items():
             rows.append({"job_id": jid, "reason": f"bad spec: {err}"})
         self.db.save_job_views(rows)

@@ -1,5 +1,6 @@
 """The daemon's pieces over the simulated backend: config, lock, state, caps, crash recovery at every step."""
 
+import os
 import urllib.request
 
 import pytest
@@ -174,8 +175,11 @@ def test_model_registry_keeps_the_prior_until_three_gpu_counts_are_reported(tmp_
     spec = parse_spec(SPEC_A + f",ckpt_dir={ckpt}")
     from slurm_elastic.backends.base import JobRecord
 
-    job = JobRecord(job_id=3, name="x", user="u", partition="gpu", state="RUNNING", comment=spec.to_comment())
+    job = JobRecord(job_id=3, name="x", user="u", partition="gpu", state="RUNNING", comment=spec.to_comment(),
+                    user_id=os.getuid())
     reg = ModelRegistry(node_size=4)
+    for restart, k in enumerate((1, 2, 4)):  # Slurm showed the job running 100 s on each GPU count
+        reg.evidence.observe(3, restart, k, 1000.0, 1100.0)
     assert reg(job, spec) is load_profile("cifar10")
     pts = [{"gpus": 1, "batch": 256, "samples_per_s": 100.0}, {"gpus": 2, "batch": 256, "samples_per_s": 190.0}]
     (ckpt / "throughput.json").write_text(json.dumps({"format": 1, "points": pts}))
