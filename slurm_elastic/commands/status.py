@@ -49,10 +49,11 @@ COLUMNS = {
         Column("efficiency", "EFFICIENCY", 10, True),
         Column("rescales", "RESCALES", 8, True),
         Column("last_change", "LAST-CHANGE", 19),
+        Column("model", "MODEL", 16),
         Column("reason", "REASON", 30),
     ]
 }
-DEFAULT_FORMAT = "jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,last_change,reason"
+DEFAULT_FORMAT = "jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,last_change,model,reason"
 
 
 def job_row(job: JobRecord) -> dict:
@@ -114,6 +115,11 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
         row["target_gpus"] = view["target_gpus"]
     if view.get("reason") and not row["reason"].startswith("bad"):
         row["reason"] = view["reason"]
+    if view.get("model"):  # where the job's throughput model comes from (report, profile, default)
+        row["model"] = view["model"]
+    if view.get("report_error"):
+        row["report_error"] = view["report_error"]
+        row["reason"] = f"{row['reason']}; report not used: {view['report_error']}".lstrip("; ")
     return row
 
 
@@ -128,7 +134,11 @@ def load_daemon_views(state_dir: str | None) -> dict[int, dict]:
     except (FileNotFoundError, OSError):
         return {}
     try:
-        return db.job_views()
+        views = db.job_views()
+        for jid, m in (db.get_meta("models", {}) or {}).items():
+            if isinstance(m, dict) and str(jid).isdigit():
+                views.setdefault(int(jid), {}).update(model=m.get("model"), report_error=m.get("report_error"))
+        return views
     except Exception:  # an older or locked database must not break status
         return {}
     finally:
@@ -140,7 +150,15 @@ def _cell(value) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.2f}" if value < 10 else f"{value:.0f}"
-    return str(value)
+    return printable(str(value))
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: control characters (a newline in a job name) shown escaped, never raw."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ("\\n" if c == "\n" else f"\\x{ord(c):02x}" if ord(c) < 0x100
+                                              else f"\\u{ord(c):04x}") for c in text)
 
 
 def format_table(rows: list[dict], fmt: str = DEFAULT_FORMAT, header: bool = True) -> str:
