@@ -34,6 +34,7 @@ from slurm_elastic.daemon.siterules import SiteRules
 from slurm_elastic.daemon.state import DaemonLock, StateDB, action_from_json
 from slurm_elastic.daemon.userfiles import UserFileError
 from slurm_elastic.daemon.userfiles import read_json as read_user_json
+from slurm_elastic.daemon.watchdog import Watchdog, sd_notify
 from slurm_elastic.enact import CycleState, Enactor, run_cycle
 from slurm_elastic.profiles import Observation, ParametricModel, model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
@@ -318,6 +319,7 @@ class Daemon:
         self.db: StateDB | None = None
         self.models = ModelRegistry()
         self.rules = SiteRules(config.max_weight, config.state_dir)
+        self.watchdog = Watchdog(config.watchdog_s)
         self.records: dict[int, JobRecord] = {}
         self.ack = ack if ack is not None else CheckpointDirAck(lambda: self.records)
         self.clock = clock
@@ -344,6 +346,7 @@ class Daemon:
         self.state.books = self.db.load_books()
         self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
         if not self.dry_run:
+            self.watchdog.progress("reconcile at start")
             try:
                 self.records = {j.job_id: j for j in self.backend.list_jobs()}
                 reconcile(self.db, self.backend, self.enactor, self.journal)
@@ -360,6 +363,7 @@ class Daemon:
               partitions=",".join(self.config.partitions) or "all", dry_run=self.dry_run)
 
     def close(self) -> None:
+        self.watchdog.close()
         if self.server:
             self.server.stop()
             self.server = None
@@ -379,6 +383,7 @@ class Daemon:
         self.config = cfg
         self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user)
         self.rules = SiteRules(cfg.max_weight, cfg.state_dir)
+        self.watchdog.limit_s = cfg.watchdog_s
         if self.enactor:
             self.enactor.ack_timeout_s = cfg.ack_timeout_s
             self.enactor.signal_name = cfg.signal
@@ -413,6 +418,7 @@ class Daemon:
         """Run one cycle; returns the CycleResult, or None when Slurm could not be read."""
         cfg = self.config
         self.cycle_no += 1
+        self.watchdog.progress(f"cycle {self.cycle_no}")
         t0 = time.perf_counter()
         self.metrics.inc("slurm_elastic_cycles_total")
         if not self.dry_run and self.enactor is not None:
@@ -537,8 +543,11 @@ class Daemon:
 
     # ----- the loop ------------------------------------------------------------------------------
     def install_signals(self) -> None:
-        def on_term(*_):
+        def on_term(signum, _frame):
+            if self._stop_asked:  # a second TERM/INT: do not wait for the cycle to end
+                self.watchdog.stop_grace_s = 0
             self._stop_asked = True
+            self.watchdog.stop_requested()
             self.stop_event.set()
 
         signal.signal(signal.SIGTERM, on_term)
@@ -566,6 +575,7 @@ class Daemon:
                 log.exception("cycle failed", extra={"kv": {"error": str(e)}})
             deadline = time.monotonic() + max(self.config.poll_interval_s, self.backoff_s)
             while not self.stop_event.is_set() and not self.reload_requested and time.monotonic() < deadline:
+                self.watchdog.progress("between cycles")
                 if self.enactor and self.enactor.in_flight and not self.dry_run:
                     try:
                         self.records = {j.job_id: j for j in self.backend.list_jobs()}
@@ -574,6 +584,7 @@ class Daemon:
                     except SlurmError as e:
                         event(logging.ERROR, "cannot poll in-flight resizes", error=str(e))
                 self.stop_event.wait(min(poll_actions_s, max(0.0, deadline - time.monotonic())))
+        sd_notify("STOPPING=1")
         event(logging.INFO, "daemon stopping", in_flight=len(self.enactor.in_flight) if self.enactor else 0)
 
 
