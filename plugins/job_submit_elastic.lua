@@ -22,6 +22,30 @@ local INT_LIMITS = {
   min_batch = 2^40, max_batch = 2^40, batch = 2^40, max_local_batch = 2^40, min_local_batch = 2^40,
   max_accum = 2^12,
 }
+-- ckpt_dir may not be (or be under) a system directory: the daemon reads there as root.
+-- The same list as SYSTEM_DIRS in slurm_elastic/spec.py ("*": any name starting so).
+local SYSTEM_DIRS = { "/etc", "/usr", "/bin", "/sbin", "/lib*", "/boot", "/dev", "/proc", "/sys", "/run", "/root",
+                      "/var/lib/slurm*", "/var/spool/slurm*", "/var/run", "/var/log", "/var/lib/munge",
+                      "/var/lib/dpkg" }
+
+local function system_dir_of(path)
+  local parts = {}
+  for p in string.gmatch(path, "[^/]+") do
+    if p ~= "." then parts[#parts + 1] = p end
+  end
+  local norm = "/" .. table.concat(parts, "/")
+  if norm == "/" then return "/" end
+  for _, d in ipairs(SYSTEM_DIRS) do
+    if string.sub(d, -1) == "*" then
+      local head = string.sub(d, 1, -2)
+      if string.sub(norm, 1, #head) == head then return d end
+    elseif norm == d or string.sub(norm, 1, #d + 1) == d .. "/" then
+      return d
+    end
+  end
+  return nil
+end
+
 local FLOAT_LIMITS = { weight = 1e6, restart_s = 1e7 }
 local REQUIRED = { "min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch" }
 -- The operators whose updates always pass: root, and the SlurmUser uid if it is not root.
@@ -136,6 +160,10 @@ function elastic_spec_error(comment)
         if not string.find(value, "^/[A-Za-z0-9_./%%+-]*$") or #value > 256 or string.find(rest, "%%")
            or string.find(value .. "/", "/%.%./") then
           return fail(key, "expected an absolute path of [A-Za-z0-9_./+-] (and %j for the job id)")
+        end
+        local sysdir = system_dir_of(value)
+        if sysdir then
+          return fail(key, "'" .. value .. "' is a system directory (" .. sysdir .. "); use a directory of your own")
         end
         s[key] = value
       elseif key == "points" then

@@ -58,6 +58,10 @@ EXAMPLES = [
     # Found by tests/faults: the plugin accepted points the daemon rejects (then the job waits held forever).
     BASE + ",points=1x64@1e400",
     BASE + ",points=1x1000000000000000000@5",
+    # ckpt_dir in a system directory (issue 11): refused by both, naming ckpt_dir.
+    *(BASE + f",ckpt_dir={d}" for d in ("/", "/etc", "/etc/x", "/usr/lib", "/lib64/x", "/var/lib/slurm-elastic/%j",
+                                         "/var/lib/slurmd", "/proc/1", "/dev", "//etc", "/./etc/x", "/run/user/1")),
+    *(BASE + f",ckpt_dir={d}" for d in ("/etcx", "/home/u/ck", "/var/lib/other/%j", "/scratch/lib")),
     BASE + ",points=1x256@0|2x256@5",
     BASE + ",points=2000000x256@5",
     BASE + ",weight=1e0001",
