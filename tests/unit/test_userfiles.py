@@ -10,6 +10,7 @@ import socket
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -286,3 +287,47 @@ def test_sd_notify_sends_datagrams(tmp_path, monkeypatch):
     srv.close()
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert sd_notify("READY=1") is False
+
+
+def test_sigterm_during_a_hung_reconcile_at_start_ends_the_daemon(tmp_path):
+    """Every Slurm tool hangs (60 s timeout): SIGTERM, then a second one, ends the process at once."""
+    import signal
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("squeue", "sinfo", "scontrol", "scancel", "sacct"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexec sleep 100\n")
+        (bin_dir / tool).chmod(0o755)
+    cfg = tmp_path / "elastic.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "state"}"\nslurm_bin = "{bin_dir}"\nslurm_timeout_s = 60.0\n'
+                   'metrics_address = ""\npoll_interval_s = 1\n')
+    log = open(tmp_path / "log", "wb")
+    p = subprocess.Popen([sys.executable, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg)], stdout=log,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+        while time.monotonic() < deadline and not children.read_text().strip():
+            time.sleep(0.2)  # until a (hanging) Slurm tool runs: the daemon is in its reconcile at start
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert p.poll() is None  # the first TERM waits (up to 30 s) for the step to finish
+        os.kill(p.pid, signal.SIGTERM)
+        rc = p.wait(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+        log.close()
+        try:  # its hung tools, in the process group the test started
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = (tmp_path / "log").read_text()
+    assert rc == 0 and took < 5, (rc, took, text)
+    assert "watchdog" in text and "reconcile at start" in text, text
