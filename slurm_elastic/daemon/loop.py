@@ -130,7 +130,10 @@ class ModelRegistry:
         try:
             data = read_user_json(d, THROUGHPUT_NAME, job.user_id)
             points = validate_report(data, job.job_id) if data is not None else []
-        except (UserFileError, ReportError) as e:
+        except UserFileError as e:
+            self._problem(job.job_id, f"{e.path}: {e.reason}")
+            return [], 0
+        except ReportError as e:
             self._problem(job.job_id, f"{d.rstrip('/')}/{THROUGHPUT_NAME}: {e}")
             return [], 0
         except OSError as e:

@@ -149,20 +149,21 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
         return p
 
     try:
+        # The other user's ordinary jobs first (earlier submit = higher priority; see the caps note in the report).
+        good_dirs = [userdir(u2, f"good{i}") for i in range(2)]
+        good = [submit(u2, f"good{i}", f"{SPEC},ckpt_dir={g}", g) for i, g in enumerate(good_dirs)]
+        nl_dir = userdir(u2, "nl")
+        newline = submit(u2, "nl", f"{SPEC},ckpt_dir={nl_dir}", nl_dir, job_name="evil\nname")
         hostile = {}
         for case in CASES:
             dd = userdir(u1, case)
             hostile[case] = (submit(u1, case, f"{SPEC},ckpt_dir={dd}", dd), dd)
             plant(case, dd, u1, rootonly)
-        good_dirs = [userdir(u2, f"good{i}") for i in range(2)]
-        good = [submit(u2, f"good{i}", f"{SPEC},ckpt_dir={g}", g) for i, g in enumerate(good_dirs)]
         foreign = submit(u1, "foreign", f"{SPEC},ckpt_dir={good_dirs[0]}", userdir(u1, "foreign-cwd"))
         heavy_dir = userdir(u1, "heavy")
         heavy = submit(u1, "heavy", f"{SPEC},weight=1000000,ckpt_dir={heavy_dir}", heavy_dir)
         ctl_dir = userdir(u1, "ctl")
         ctl = submit(u1, "ctl", f"{SPEC},ckpt_dir={ctl_dir}", ctl_dir)
-        nl_dir = userdir(u2, "nl")
-        newline = submit(u2, "nl", f"{SPEC},ckpt_dir={nl_dir}", nl_dir, job_name="evil\nname")
         # Root edits the comment after submit (the plugin lets the daemon's uids do so): control characters.
         evil = f"{SPEC},ckpt_dir={ctl_dir},\x1b[31mevil\x1fkey\nlevel=error=1"
         r = subprocess.run([f"{c.config.bin}/scontrol", "update", f"JobId={ctl}", f"Comment={evil}"], env=c.env,
@@ -185,17 +186,20 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
         rss0 = rss_kib()
         d.open()
         times, results = [], []
-        for _ in range(4):
+        for i in range(5):
             t0 = time.monotonic()
             res = d.cycle()
             times.append(time.monotonic() - t0)
             assert res is not None
             results.append(res)
-        rss1 = rss_kib()
-        growth_mib = (rss1["VmRSS"] - rss0["VmRSS"]) / 1024
-        print(f"\nadversarial cycles s: {', '.join(f'{t:.2f}' for t in times)}; RSS {rss0['VmRSS'] // 1024} -> "
-              f"{rss1['VmRSS'] // 1024} MiB (growth {growth_mib:.1f} MiB), peak {rss1['VmHWM'] // 1024} MiB")
-        assert growth_mib < 64 and max(times) < 30
+            if i == 0:
+                rss1 = rss_kib()  # after the first cycle: imports and JIT of the policy, and every hostile file read
+        rss2 = rss_kib()
+        growth_mib = (rss2["VmRSS"] - rss1["VmRSS"]) / 1024
+        print(f"\nadversarial cycles s: {', '.join(f'{t:.2f}' for t in times)}; RSS before {rss0['VmRSS'] // 1024} MiB, "
+              f"after cycle 1 {rss1['VmRSS'] // 1024} MiB, after cycle 5 {rss2['VmRSS'] // 1024} MiB "
+              f"(growth {growth_mib:.1f} MiB), peak {rss2['VmHWM'] // 1024} MiB")
+        assert rss2["VmHWM"] < 1024 * 1024 and growth_mib < 32 and max(times) < 30
         log_text = logbuf.getvalue()
         snap = results[-1].snapshot
 
@@ -256,7 +260,7 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
         assert res is not None and hostile["fifo"][0] in d2.models.problems and foreign in res.snapshot.errors
         d2.close()
         d2 = None
-        rss2 = rss_kib()
+        rss3 = rss_kib()
 
         recs = jobs_by_id(c, ids)
         lost = sum(1 for j in ids if j not in recs or not recs[j].is_active)
@@ -276,8 +280,8 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
     for k, row in rows.items():
         row.jobs(lost=lost, left_held=left_held)
     rows["files"].figure("cycle s (max of 4)", f"{max(times):.2f}")
-    rows["files"].figure("RSS growth MiB", f"{growth_mib:.1f}")
-    rows["files"].figure("peak RSS MiB (pytest + daemon)", rss2["VmHWM"] // 1024)
+    rows["files"].figure("RSS MiB after cycle 1 / 5", f"{rss1['VmRSS'] // 1024} / {rss2['VmRSS'] // 1024}")
+    rows["files"].figure("peak RSS MiB (pytest + daemon, after restart)", rss3["VmHWM"] // 1024)
     rows["files"].figure("jobs running after", len(running))
     rows["reports"].figure("jobs named", 3)
     rows["paths"].figure("refused at submit", f"{refused}/2")
