@@ -279,10 +279,10 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
     assert lost == 0 and left_held == 0 and bad_spec_held == 3
     for k, row in rows.items():
         row.jobs(lost=lost, left_held=left_held)
-    rows["files"].figure("cycle s (max of 4)", f"{max(times):.2f}")
+    rows["files"].figure("cycle s (max of 5)", f"{max(times):.2f}")
     rows["files"].figure("RSS MiB after cycle 1 / 5", f"{rss1['VmRSS'] // 1024} / {rss2['VmRSS'] // 1024}")
     rows["files"].figure("peak RSS MiB (pytest + daemon, after restart)", rss3["VmHWM"] // 1024)
-    rows["files"].figure("jobs running after", len(running))
+    rows["files"].figure("jobs running at the end", len(running))
     rows["reports"].figure("jobs named", 3)
     rows["paths"].figure("refused at submit", f"{refused}/2")
     rows["paths"].figure("bad specs kept held (never acted on)", bad_spec_held)
