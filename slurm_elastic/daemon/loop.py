@@ -183,6 +183,7 @@ class CheckpointDirAck:
 
     def __init__(self, records):
         self.records = records  # callable: job id -> JobRecord of the latest read
+        self._said: dict[int, str] = {}  # job id -> the last problem logged (once per change, not per poll)
 
     def checkpoint_acked(self, job_id: int) -> bool:
         from slurm_elastic.train.protocol import ack_path
@@ -201,7 +202,9 @@ class CheckpointDirAck:
         try:
             data = read_user_json(d, name, job.user_id, max_bytes=64 * 1024)
         except (UserFileError, OSError) as e:
-            event(logging.WARNING, "stop-ack not readable", job=job_id, path=f"{d.rstrip('/')}/{name}", error=str(e))
+            if self._said.get(int(job_id)) != str(e):
+                self._said[int(job_id)] = str(e)
+                event(logging.WARNING, "stop-ack not readable", job=job_id, path=f"{d.rstrip('/')}/{name}", error=str(e))
             return False
         return (isinstance(data, dict) and str(data.get("job_id")) == str(job.job_id)
                 and data.get("restart_count") == job.restart_count)
