@@ -68,7 +68,7 @@ def open_dir(path: str, uid: int | None) -> int:
                 if not stat.S_ISLNK(st.st_mode):
                     raise UserFileError(path, f"component {name!r} is not a directory") from None
                 if not _is_trusted_dir(os.fstat(fd)):
-                    raise UserFileError(path, f"component {name!r} is a symlink in a directory users can write")
+                    raise UserFileError(path, f"component {name!r} is a symlink in a directory users can write") from None
                 hops += 1
                 if hops > MAX_SYMLINKS:
                     raise UserFileError(path, "too many symlinks") from None

@@ -86,7 +86,7 @@ def plant(case: str, d: Path, pw, rootonly: Path) -> None:
         with open(p, "wb") as f:
             f.truncate(2 << 30)
     elif case in REPORT_CASES:
-        p.write_text('{"format": 1, "points": [{"gpus": 1, "batch": 64, "samples_per_s": %s}]}' % REPORT_CASES[case])
+        p.write_text('{"format": 1, "points": [{"gpus": 1, "batch": 64, "samples_per_s": ' + REPORT_CASES[case] + "}]}")
     elif case == "forged":
         p.write_text(json.dumps({"format": 1, "points": [{"gpus": k, "batch": 64, "samples_per_s": 1000.0 * k,
                                                           "steps": 100, "seconds": 10.0, "samples": 10000 * k}
@@ -277,7 +277,7 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
         scancel(c, ids)
         shutil.rmtree(base, ignore_errors=True)
     assert lost == 0 and left_held == 0 and bad_spec_held == 3
-    for k, row in rows.items():
+    for row in rows.values():
         row.jobs(lost=lost, left_held=left_held)
     rows["files"].figure("cycle s (max of 5)", f"{max(times):.2f}")
     rows["files"].figure("RSS MiB after cycle 1 / 5", f"{rss1['VmRSS'] // 1024} / {rss2['VmRSS'] // 1024}")
