@@ -514,6 +514,8 @@ class Daemon:
                 del rec
             book = self.state.books.get(v.job_id)
             m = req.model if req is not None else None
+            if getattr(m, "provenance", None) == "prior":
+                sps = eff = None  # a guess of the default model is not shown as the job's throughput
             rows.append({
                 "model": getattr(m, "provenance", None), "model_uncertainty": getattr(m, "uncertainty", None),
                 "noise_scale": getattr(m, "noise_scale", None), "restart_s": req.restart_s if req else None,
