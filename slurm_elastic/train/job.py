@@ -450,10 +450,13 @@ class ElasticJob:
 
     def _optimizer_step(self, count: int | None = None) -> None:
         opt = self.optimizer
-        if self.noise is not None and count is not None:
-            params = [p for g in opt.param_groups for p in g["params"]]
-            self.noise.step(params, self.assignment.global_batch, count, self.device, self._loss_scale())
-            self.lr.noise_scale = self.noise.noise_scale
+        if self.noise is not None:
+            if count is None:
+                self.noise.discard()
+            else:
+                params = [p for g in opt.param_groups for p in g["params"]]
+                self.noise.step(params, self.assignment.global_batch, count, self.device, self._loss_scale())
+                self.lr.noise_scale = self.noise.noise_scale
         f = self.lr.factor(self.samples_seen)
         if self.lr_schedule is not None:
             f *= float(self.lr_schedule(self.samples_seen))

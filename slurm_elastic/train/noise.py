@@ -127,8 +127,8 @@ class GradientNoise:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             t = t.cpu()
         total, inv, m = (float(x) for x in t)
-        if m <= 0 or samples != global_batch:
-            return
+        if m <= 0 or samples != global_batch or not inv / m - 1.0 / samples > 1e-12:
+            return  # nothing measured, a short step, or a single batch size (one rank, no accumulation)
         grads = [p.grad.detach() for p in params if p.grad is not None]
         if not grads:
             return
@@ -137,6 +137,10 @@ class GradientNoise:
         if est is None:
             return
         self.update(*est, batch=samples)
+
+    def discard(self) -> None:
+        """Forget this step's micro-batch measurements (a step taken outside :meth:`step`)."""
+        self._cur, self._sum, self._inv, self._m = None, 0.0, 0.0, 0
 
     def update(self, grad_sqr: float, grad_var: float, batch: int) -> None:
         if not (math.isfinite(grad_sqr) and math.isfinite(grad_var)):

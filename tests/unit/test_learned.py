@@ -147,3 +147,30 @@ def test_learned_model_facts_defaults():
     m = learn(DEFAULT_MODEL, "prior", [])
     assert m.noise_scale is None and m.base_batch is None and m.restart_s is None
     assert m.facts == JobFacts() and math.isfinite(m.samples_per_s(1, 1, 8))
+
+
+def test_status_shows_the_model_provenance_and_an_old_state_db_gains_the_columns(tmp_path):
+    import sqlite3
+
+    from slurm_elastic.commands.status import format_table, merge_daemon_view, short_provenance
+    from slurm_elastic.daemon.state import StateDB
+
+    assert short_provenance("fitted from 3 reports") == "fitted(3)"
+    assert short_provenance("profile cifar10") == "profile" and short_provenance(None) == "-"
+    # a database written before the model columns existed
+    tmp_path.mkdir(exist_ok=True)
+    con = sqlite3.connect(tmp_path / "state.sqlite3")
+    con.execute("CREATE TABLE jobs (job_id INTEGER PRIMARY KEY, updated REAL NOT NULL, gpus INTEGER, "
+                "target_gpus INTEGER, batch INTEGER, samples_per_s REAL, efficiency REAL, rescales INTEGER, "
+                "last_change REAL, reason TEXT)")
+    con.commit()
+    con.close()
+    db = StateDB(tmp_path)
+    db.save_job_views([{"job_id": 5, "gpus": 2, "samples_per_s": 48.0, "model": "fitted from 1 report",
+                        "model_uncertainty": 0.5, "noise_scale": 120.0, "restart_s": 18.0}])
+    view = db.job_views()[5]
+    db.close()
+    row = merge_daemon_view({"jobid": 5, "reason": "", "model": None, "samples_per_s": None}, view)
+    assert row["model"] == "fitted from 1 report" and row["noise_scale"] == 120.0 and row["restart_s"] == 18.0
+    out = format_table([row], "jobid,samples_per_s,model")
+    assert out.splitlines()[1].split() == ["5", "48", "fitted(1)"]
