@@ -104,13 +104,13 @@ class ModelRegistry:
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return [], None
-        from slurm_elastic.train.protocol import read_report, read_throughput
+        from slurm_elastic.train.protocol import read_report
 
         try:
-            points = read_throughput(d)
             report = read_report(d)
         except (OSError, ValueError):
             return [], {}
+        points = report.pop("points")
         obs = []
         for p in points:
             try:

@@ -186,10 +186,13 @@ MAX_BATCH = 1 << 31
 
 
 def read_report(ckpt_dir: str | os.PathLike) -> dict:
-    """The job's report beyond the points: ``{"noise_scale", "base_batch", "starts"}``, each checked
+    """The job's report in one read: ``{"points", "noise_scale", "base_batch", "starts"}`` (points as
+    :func:`read_throughput` gives them; the daemon checks their numbers), the others checked
     (finite, in range; a start needs an int ``restart_count`` >= 0 and a finite ``first_step``);
     what fails a check is dropped (None / left out), never guessed."""
     data = _read_json(throughput_path(ckpt_dir)) or {}
+    points = data.get("points") if isinstance(data.get("points"), list) else []
+    points = [p for p in points if isinstance(p, dict) and {"gpus", "batch", "samples_per_s"} <= set(p)]
     ns = _finite(data.get("noise_scale"), 0.0, MAX_NOISE_SCALE)
     bb = data.get("base_batch")
     bb = int(bb) if isinstance(bb, int) and not isinstance(bb, bool) and 1 <= bb <= MAX_BATCH else None
@@ -203,4 +206,4 @@ def read_report(ckpt_dir: str | os.PathLike) -> dict:
         if not isinstance(r, int) or isinstance(r, bool) or r < 0 or first is None:
             continue
         starts.append({"restart_count": r, "first_step": first, "stop": _finite(s.get("stop"), 0.0, 1e11)})
-    return {"noise_scale": ns, "base_batch": bb, "starts": starts}
+    return {"points": points, "noise_scale": ns, "base_batch": bb, "starts": starts}

@@ -76,7 +76,7 @@ def test_hostile_report_values_are_dropped_not_guessed(tmp_path):
     (tmp_path / "throughput.json").write_text((tmp_path / "throughput.json").read_text().replace("NaN", "1e400"))
     r = protocol.read_report(tmp_path)
     assert r["noise_scale"] is None and r["base_batch"] is None
-    assert r["starts"] == [{"restart_count": 1, "first_step": 9.5, "stop": None}]
+    assert r["starts"] == [{"restart_count": 1, "first_step": 9.5, "stop": None}] and r["points"] == []
     _report(tmp_path, noise_scale=-3.0, base_batch=64)
     assert protocol.read_report(tmp_path)["noise_scale"] is None
     assert protocol.read_report(tmp_path)["base_batch"] == 64
