@@ -89,6 +89,10 @@ class Step:
         mbs = self.plan.micro_batches
         ddp = self._job.ddp
         noise = self._job.noise
+        if noise is not None:
+            noise.active = self._job.optimizer_steps % self._job.noise_every == 0
+            if not noise.active:
+                noise = None
         for i, mb in enumerate(mbs):
             last = i == len(mbs) - 1
             ctx = ddp.no_sync() if (ddp is not None and not last) else contextlib.nullcontext()
@@ -123,6 +127,7 @@ class ElasticJob:
         throughput_warmup_steps: int = 3,
         noise_scale: bool = True,
         noise_smoothing: float = 0.99,
+        noise_every: int = 1,
         report_every_s: float = 30.0,
         timeout_s: float = 300.0,
         stop_signals: tuple[str, ...] = ("USR2",),
@@ -149,6 +154,7 @@ class ElasticJob:
         # The gradient noise scale (see .noise): hooks on the model's parameters, one 3-scalar
         # all-reduce per step; reported with the throughput so the daemon knows efficiency(batch).
         self.noise: GradientNoise | None = GradientNoise(1, noise_smoothing) if noise_scale else None
+        self.noise_every = max(1, int(noise_every))
         self.report_every_s = float(report_every_s)
         self._last_report = time.time()
         self._stop_time: float | None = None  # when the previous start agreed to stop (from its checkpoint)
@@ -451,7 +457,7 @@ class ElasticJob:
     def _optimizer_step(self, count: int | None = None) -> None:
         opt = self.optimizer
         if self.noise is not None:
-            if count is None:
+            if count is None or not self.noise.active:
                 self.noise.discard()
             else:
                 params = [p for g in opt.param_groups for p in g["params"]]

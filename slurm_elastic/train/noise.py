@@ -19,8 +19,11 @@ micro-steps the two differ; a single rank without accumulation gives no estimate
 ``|G|^2`` and ``tr(Sigma)`` are smoothed separately by an exponential moving average with bias
 correction (AdaptDL), whose weight per step grows with the batch (``smoothing ** (B / base_batch)``).
 
-Cost per step: one squared norm per parameter per micro-batch (no copy), one over ``p.grad`` at the
-step, and one all-reduce of three scalars. It assumes the library's loss convention: the *sum* of
+Cost per measured step: one squared norm (a dot product) per parameter per micro-batch, one over
+``p.grad`` at the step, and one all-reduce of three scalars; relative to the backward pass that is
+about ``1 / local_batch`` (measured +10% for a 1M-parameter MLP at 32 samples per micro-batch on one
+CPU thread, less at larger batches and on GPUs). ``ElasticJob(noise_every=n)`` measures every n-th
+step only. It assumes the library's loss convention: the *sum* of
 per-sample losses times ``mb.scale`` (so a micro-batch of ``n`` samples contributes
 ``scale * n * mean``). With an AMP ``GradScaler`` the norms are divided by its scale squared.
 """
@@ -62,6 +65,17 @@ def two_batch_estimate(small_sqr: float, inv_small: float, big_sqr: float, big_b
     return g2, tr
 
 
+def _sqnorm(grad: torch.Tensor) -> torch.Tensor:
+    """``|grad|^2`` without a temporary the size of the gradient (a dot product; fp32 at least)."""
+    g = grad.detach()
+    if g.is_sparse:
+        g = g.coalesce().values()
+    if g.dtype not in (torch.float32, torch.float64):
+        g = g.float()
+    g = g.reshape(-1)
+    return torch.dot(g, g)
+
+
 class GradientNoise:
     """Per-step noise-scale estimator; :class:`~slurm_elastic.train.job.ElasticJob` drives it."""
 
@@ -71,6 +85,7 @@ class GradientNoise:
         self.base_batch = max(1, int(base_batch))
         self.smoothing = float(smoothing)
         self._handles: list = []
+        self.active = True  # measure the current step (the job may measure only every n-th step)
         self._cur: torch.Tensor | None = None  # |grad|^2 of the micro-batch under way
         self._sum: torch.Tensor | float = 0.0  # this step: sum over micro-batches of |mean grad|^2
         self._inv = 0.0  # sum 1/n_m
@@ -95,7 +110,9 @@ class GradientNoise:
         self._handles = []
 
     def _hook(self, grad: torch.Tensor):
-        s = grad.detach().float().pow(2).sum()
+        if not self.active:
+            return None
+        s = _sqnorm(grad)
         self._cur = s if self._cur is None else self._cur + s
         return None
 
@@ -132,7 +149,7 @@ class GradientNoise:
         grads = [p.grad.detach() for p in params if p.grad is not None]
         if not grads:
             return
-        big = float(sum(g.float().pow(2).sum() for g in grads)) / (loss_scale * loss_scale)
+        big = float(sum(_sqnorm(g) for g in grads)) / (loss_scale * loss_scale)
         est = two_batch_estimate(total / m, inv / m, big, float(samples))
         if est is None:
             return

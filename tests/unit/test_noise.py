@@ -145,3 +145,34 @@ def test_adascale_gain_is_batch_ratio_times_efficiency():
     assert sc.factor(10) == pytest.approx(adascale_gain(256, 32, ns))
     assert "noise_scale" not in sc.state_dict()
     assert math.isfinite(sc.factor(0))
+
+
+def test_elastic_job_measures_and_reports_the_noise_scale_through_its_step_path(tmp_path):
+    """One process outside Slurm (rank 0 of 1, gloo), batch 64 = 4 x 16 accumulation: the estimator is
+    fed by Step.micro_batches / optimizer_step, checkpointed, and written to the report file."""
+    from slurm_elastic.train import ElasticJob
+    from slurm_elastic.train.protocol import read_report
+
+    v, truth = dataset(sigma=1.0)
+    env = {"MASTER_ADDR": "127.0.0.1", "SLURM_ELASTIC_BACKEND": "gloo"}
+    job = ElasticJob(tmp_path / "ck", default_batch=64, max_local_batch=16, env=env, verbose=False,
+                     noise_smoothing=0.95, report_every_s=0.0)
+    job.setup()
+    lin = torch.nn.Linear(D, 1, bias=False).double()
+    torch.nn.init.zeros_(lin.weight)
+    ddp = job.wrap(lin)
+    job.register(model=lin, optimizer=torch.optim.SGD(lin.parameters(), lr=0.0))
+    job.restore()
+    for step in job.steps(dataset_size=N, epochs=1):
+        for mb in step.micro_batches():
+            (ddp(v[mb.indices]).sum() * mb.scale).backward()
+        step.optimizer_step()
+        if job.optimizer_steps >= 300:
+            break
+    est = job.noise.noise_scale
+    print(f"ElasticJob, 1 rank x accum 4: true noise scale {truth:.2f}, estimated {est:.2f}")
+    assert est == pytest.approx(truth, rel=0.25)
+    job.checkpoint()
+    rep = read_report(tmp_path / "ck")
+    assert rep["noise_scale"] == pytest.approx(est) and rep["base_batch"] == 64
+    job._teardown()
