@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.5, help="learning rate at the base batch")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default="sqrt")
+    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt", "adascale"), default="sqrt")
     p.add_argument("--base-batch", type=int, default=None, help="batch the lr is meant for (default: spec batch)")
     p.add_argument("--batch", type=int, default=64, help="global batch without an elastic spec (plain runs)")
     p.add_argument("--max-local-batch", type=int, default=None, help="per-process limit without a spec")

@@ -22,7 +22,11 @@ Rules:
 - **Priority order** handed to the policy: Slurm priority when set and non-zero (higher first), then
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
-  spec's own estimate, else ``default_restart_s``; ``wait_s`` is the time since submission while it
+  restart cost measured for the job (the model's ``restart_s``, see profiles/learned.py), else the
+  spec's own estimate, else ``default_restart_s``; ``noise_scale``/``base_batch`` are the model's
+  (what the job reported; None otherwise). A running job's view says whether it has reported a step
+  in its current start (``stepped``; None when the model does not know), for the planner's
+  stability guard; ``wait_s`` is the time since submission while it
   is pending. Starting and in-flight jobs are handed to the policy as running at their committed size,
   so that the policy keeps their GPUs for them.
 """
@@ -263,17 +267,24 @@ def build_problem(
         if status == RUNNING and gpus > 0:
             sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
         wait = max(0.0, now - r.submit_time) if (status == PENDING and r.submit_time is not None) else 0.0
+        measured_restart = getattr(model, "restart_s", None)
         req = JobRequest(
             job_id=r.job_id,
             spec=spec,
             model=model,
             running_gpus=gpus,
             running_batch=batch if gpus else None,
-            restart_s=spec.restart_s if spec.restart_s is not None else default_restart_s,
+            restart_s=measured_restart if measured_restart is not None else
+            spec.restart_s if spec.restart_s is not None else default_restart_s,
             wait_s=wait,
+            noise_scale=getattr(model, "noise_scale", None),
+            base_batch=getattr(model, "base_batch", None),
         )
         on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
-        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0)
+        facts = getattr(model, "facts", None)
+        known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
+        stepped = (r.restart_count in facts.stepped_restarts) if known else None
+        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped)
         cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         reqs.append(req)
         views.append(view)

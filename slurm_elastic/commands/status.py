@@ -48,12 +48,13 @@ COLUMNS = {
         Column("samples_per_s", "SAMPLES/S", 9, True),
         Column("efficiency", "EFFICIENCY", 10, True),
         Column("rescales", "RESCALES", 8, True),
-        Column("last_change", "LAST-CHANGE", 19),
         Column("model", "MODEL", 16),
+        Column("last_change", "LAST-CHANGE", 19),
         Column("reason", "REASON", 30),
     ]
 }
-DEFAULT_FORMAT = "jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,last_change,model,reason"
+DEFAULT_FORMAT = ("jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,model,"
+                  "last_change,reason")
 
 
 def job_row(job: JobRecord) -> dict:
@@ -76,6 +77,7 @@ def job_row(job: JobRecord) -> dict:
         "samples_per_s": None,
         "efficiency": None,
         "last_change": None,
+        "model": None,  # the daemon's model provenance: profile, declared, fitted from N reports, prior
         "elastic": is_elastic_comment(job.comment),
         "spec_error": None,
         "reason": job.state_reason if job.state_reason not in ("None", "") else "",
@@ -104,7 +106,7 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
     if not view:
         return row
     row = dict(row)
-    for key in ("samples_per_s", "efficiency"):
+    for key in ("samples_per_s", "efficiency", "model", "model_uncertainty", "noise_scale", "restart_s"):
         if view.get(key) is not None:
             row[key] = view[key]
     if view.get("rescales") is not None:
@@ -145,7 +147,19 @@ def load_daemon_views(state_dir: str | None) -> dict[int, dict]:
         db.close()
 
 
-def _cell(value) -> str:
+def short_provenance(p: str | None) -> str:
+    """``fitted from 3 reports`` -> ``fitted(3)``, ``profile cifar10`` -> ``profile``: fits a column."""
+    if not p:
+        return "-"
+    words = p.split()
+    if words[0] == "fitted" and len(words) >= 3 and words[2].isdigit():
+        return f"fitted({words[2]})"
+    return words[0]
+
+
+def _cell(value, key: str = "") -> str:
+    if key == "model":
+        return short_provenance(value)
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -167,7 +181,7 @@ def format_table(rows: list[dict], fmt: str = DEFAULT_FORMAT, header: bool = Tru
     if header:
         lines.append(" ".join(_pad(c.header, c) for c in cols).rstrip())
     for r in rows:
-        lines.append(" ".join(_pad(_cell(r.get(c.key)), c) for c in cols).rstrip())
+        lines.append(" ".join(_pad(_cell(r.get(c.key), c.key), c) for c in cols).rstrip())
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ class DaemonConfig:
     cooldown_s: float = 300.0  # minimum time between two rescales of one job
     max_in_flight: int = 4  # most resizes under way at once
     ack_timeout_s: float = 300.0  # wait this long for a job's checkpoint ack, then leave it running
-    restart_cost_s: float = 45.0  # checkpoint + requeue + restart estimate for jobs that give none
+    restart_cost_s: float = 45.0  # restart cost until measured for the job (spec restart_s, else this)
     horizon_s: float = 3600.0  # restart costs are weighed against gains over this horizon
     allow_preemption: bool = False  # may the daemon stop a running elastic job to admit others?
     signal: str = "USR2"  # the checkpoint-and-stop signal sent to a job's steps

@@ -7,8 +7,10 @@ backend, with three things the simulator does not need:
   action, and :func:`reconcile` that finishes or rolls back open intents at start and every cycle;
 - a **checkpoint-ack source** (:class:`CheckpointDirAck`): a job's stop acknowledgement is the file
   the in-job library writes in its ``ckpt_dir`` (``stop-ack.<job>.<restart>.json``);
-- **online profiles** (:class:`ModelRegistry`): the throughput a job reports in its ``ckpt_dir``
-  refits its parametric model, falling back to its named profile, its declared points, or a default.
+- **learned job models** (:class:`ModelRegistry`): what a job reports in its ``ckpt_dir``
+  (throughput, gradient noise scale, first step after each restart) updates its model from the first
+  report on, over a prior (its named profile, its declared points, or a conservative default);
+  measured restart costs go to the decision log.
 
 Failures of Slurm (a timeout, garbled JSON, slurmctld down) skip the cycle with a log line and back
 off; nothing is acted on from a partial read. The daemon never cancels a job.
@@ -17,6 +19,7 @@ off; nothing is acted on from a partial read. The daemon never cancels a job.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -38,6 +41,7 @@ from slurm_elastic.daemon.watchdog import Watchdog, sd_notify
 from slurm_elastic.enact import CycleState, Enactor, run_cycle
 from slurm_elastic.profiles import Observation, ParametricModel, model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.profiles.learned import JobFacts, learn
 from slurm_elastic.spec import ElasticSpec, SpecError, parse_spec
 
 log = logging.getLogger("slurm_elastic.daemon")
@@ -89,28 +93,34 @@ def event(level: int, msg: str, **kv) -> None:
     log.log(level, msg, extra={"kv": kv})
 
 
-# Assumed until a job reports throughput or names a profile: ~0.1 s compute per 100 samples per GPU,
-# all-reduce 10 ms + 2 ms per extra GPU, 20 ms more across nodes (about 85% efficiency at 8 GPUs).
+# The conservative default prior, until a job reports or names a profile: ~0.1 s compute per 100 samples
+# per GPU, all-reduce 10 ms + 2 ms per extra GPU, 20 ms more across nodes (about 85% efficiency at 8
+# GPUs). Its scale is matched to the job's first report (profiles/learned.py).
 DEFAULT_MODEL = ParametricModel([0.01, 0.001, 0.01, 0.002, 0.02, 0.005], name="default")
-
-
-MIN_FIT_GPU_COUNTS = 3
 
 
 @dataclass
 class ModelRegistry:
-    """Throughput model per job: online fit of *verified* reported points, else profile/points, else default.
+    """The model of every job: its prior (profile, declared points, default) and what it reported.
 
-    The report is read through :mod:`userfiles` (no symlinks, FIFOs, foreign files or unbounded reads) and
-    checked by :mod:`reports` (finite, in range, consistent with how long Slurm ran the job on each GPU
-    count). A bad report is that job's problem (``problems``, logged once per change); the job keeps its prior.
+    The report (``throughput.json`` in the job's ckpt_dir: points, noise scale, base batch, first-step
+    times per restart) is read through :mod:`userfiles` (no symlinks, FIFOs, foreign files or unbounded
+    reads) and checked by :mod:`reports` (finite, in range; points kept only when consistent with how
+    long Slurm ran the job on that GPU count). A bad report is that job's problem (``problems``, logged
+    once per change); the job keeps its prior. Returns a :class:`LearnedModel` carrying provenance,
+    uncertainty and the reported facts. The restart cost is measured from the daemon's signal times
+    (:meth:`note_signal`) and the job's first step after the restart; new figures wait in
+    :attr:`measured` for the daemon's decision log.
     """
 
     node_size: int = 4
     evidence: RunEvidence = field(default_factory=RunEvidence)
-    _fits: dict = field(default_factory=dict)
+    _models: dict = field(default_factory=dict)  # job id -> (key, model): same inputs, same object
     sources: dict = field(default_factory=dict)  # job id -> provenance of its model, shown by status
     problems: dict = field(default_factory=dict)  # job id -> what was wrong with its report
+    signals: dict = field(default_factory=dict)  # (job id, restart count) -> wall time of the resize signal
+    restarts: dict = field(default_factory=dict)  # (job id, restart) -> {"daemon_s", "job_s"}
+    measured: list = field(default_factory=list)  # new restart measurements: (job id, restart, figures)
 
     def _problem(self, job_id: int, text: str | None) -> None:
         if text and self.problems.get(job_id) != text:
@@ -120,25 +130,33 @@ class ModelRegistry:
         else:
             self.problems.pop(job_id, None)
 
-    def reported(self, job: JobRecord, spec: ElasticSpec) -> tuple[list[Observation], int]:
-        """(observations from verified points, number of unverified points ignored)."""
-        from slurm_elastic.train.protocol import THROUGHPUT_NAME
+    def note_signal(self, job_id: int, restart_count: int | None, when: float) -> None:
+        if restart_count is not None:
+            self.signals.setdefault((int(job_id), int(restart_count)), when)
+
+    def _report(self, job: JobRecord, spec: ElasticSpec) -> tuple[list[Observation], dict | None, int]:
+        """(observations from verified points, the rest of the report, unverified points ignored).
+
+        The report is ``None`` when the job has no directory, ``{}`` when its file was rejected."""
+        from slurm_elastic.train.protocol import THROUGHPUT_NAME, parse_report
 
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
-            return [], 0
+            return [], None, 0
         try:
             data = read_user_json(d, THROUGHPUT_NAME, job.user_id)
             points = validate_report(data, job.job_id) if data is not None else []
         except UserFileError as e:
             self._problem(job.job_id, f"{e.path}: {e.reason}")
-            return [], 0
+            return [], {}, 0
         except ReportError as e:
             self._problem(job.job_id, f"{d.rstrip('/')}/{THROUGHPUT_NAME}: {e}")
-            return [], 0
+            return [], {}, 0
         except OSError as e:
             self._problem(job.job_id, f"{d}: {e.strerror or e}")
-            return [], 0
+            return [], {}, 0
+        report = parse_report(data if isinstance(data, dict) else {})
+        report.pop("points", None)
         verified, why = verify_points(points, job.job_id, self.evidence)
         self._problem(job.job_id, f"unverified points ignored: {'; '.join(why)[:300]}" if why else None)
         obs = []
@@ -149,29 +167,70 @@ class ModelRegistry:
                 continue
             nodes = 1 if k <= self.node_size else -(-k // self.node_size)
             obs.append(Observation(k, nodes, split[0], split[1], sps))
-        return obs, len(why)
+        return obs, report, len(why)
+
+    def reported(self, job: JobRecord, spec: ElasticSpec) -> list[Observation]:
+        return self._report(job, spec)[0]
+
+    def _restart_s(self, job: JobRecord, starts: list[dict]) -> float | None:
+        """Mean measured restart cost: the daemon's signal -> first step when known, else the job's own
+        stop -> first step. New measurements are queued in :attr:`measured`."""
+        for st in starts:
+            r = st["restart_count"]
+            key = (job.job_id, r)
+            if r < 1 or key in self.restarts:
+                continue
+            sig = self.signals.get((job.job_id, r - 1))
+            daemon_s = st["first_step"] - sig if sig is not None and st["first_step"] > sig else None
+            job_s = st["first_step"] - st["stop"] if st.get("stop") and st["first_step"] > st["stop"] else None
+            if daemon_s is None and job_s is None:
+                continue
+            fig = {"daemon_s": daemon_s, "job_s": job_s}
+            self.restarts[key] = fig
+            self.measured.append((job.job_id, r, fig))
+        return self.restart_cost(job.job_id)
+
+    def restart_cost(self, job_id: int) -> float | None:
+        """Mean of the job's measured restart costs (daemon's view first), None before any."""
+        vals = [f["daemon_s"] if f["daemon_s"] is not None else f["job_s"]
+                for (j, _), f in self.restarts.items() if j == job_id]
+        return sum(vals) / len(vals) if vals else None
 
     def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
-        obs, unverified = self.reported(job, spec)
-        ignored = f", {unverified} unverified ignored" if unverified else ""
-        # A six-term fit from reports at one or two GPU counts extrapolates wildly to the others (seen
-        # on the local cluster: a 4x error), so the job's prior stays in charge until it has reported
-        # at three or more GPU counts.
-        if len({o.gpus for o in obs}) >= MIN_FIT_GPU_COUNTS:
-            key = (job.job_id, tuple(obs))
-            model = self._fits.get(key)
-            if model is None:
-                model = ParametricModel.fit(obs, name=f"job{job.job_id}")
-                self._fits = {k: v for k, v in self._fits.items() if k[0] != job.job_id}
-                self._fits[key] = model
-            self.sources[job.job_id] = f"reported ({len(obs)} verified points{ignored})"
-            return model
-        note = " (report rejected)" if job.job_id in self.problems and not unverified else ignored
+        obs, report, unverified = self._report(job, spec)
+        starts = (report or {}).get("starts", [])
+        facts = JobFacts(noise_scale=(report or {}).get("noise_scale"), base_batch=(report or {}).get("base_batch"),
+                         restart_s=self._restart_s(job, starts),
+                         stepped_restarts=None if report is None else frozenset(st["restart_count"] for st in starts))
         if spec.profile or spec.points:
-            self.sources[job.job_id] = (f"profile {spec.profile}" if spec.profile else "declared points") + note
-            return model_for_spec(spec, self.node_size, job.job_id)
-        self.sources[job.job_id] = "default" + note
-        return DEFAULT_MODEL
+            prior = model_for_spec(spec, self.node_size, job.job_id)  # SpecError names the job and field
+            kind = "profile" if spec.profile else "declared"
+        else:
+            prior, kind = DEFAULT_MODEL, "prior"
+        running = job.gpus_total if job.is_running else 0
+        key = (tuple(obs), id(prior), kind, running, spec.min_gpus, facts)
+        hit = self._models.get(job.job_id)
+        if hit is not None and hit[0] == key:
+            model = hit[1]
+        else:
+            model = learn(prior, kind, obs, running_gpus=running, min_gpus=spec.min_gpus, facts=facts,
+                          name=f"job{job.job_id}")
+            self._models[job.job_id] = (key, model)
+        note = ""
+        if unverified:
+            note = f", {unverified} unverified ignored"
+        elif job.job_id in self.problems:
+            note = " (report rejected)"
+        self.sources[job.job_id] = model.provenance + note
+        return model
+
+    def forget(self, live: set) -> None:
+        """Drop what is kept for jobs no longer in Slurm."""
+        self._models = {j: v for j, v in self._models.items() if j in live}
+        self.sources = {j: v for j, v in self.sources.items() if j in live}
+        self.problems = {j: v for j, v in self.problems.items() if j in live}
+        self.signals = {k: v for k, v in self.signals.items() if k[0] in live}
+        self.restarts = {k: v for k, v in self.restarts.items() if k[0] in live}
 
 
 class CheckpointDirAck:
@@ -220,6 +279,8 @@ class DBJournal:
     def step(self, action: pl.Action, step: str) -> None:
         job = self.daemon.records.get(int(action.job_id))
         self.db.write_intent(action, step, job.restart_count if job else None)
+        if step == "signal" and job is not None:
+            self.daemon.models.note_signal(job.job_id, job.restart_count, time.time())
         event(logging.INFO, "action step", job=action.job_id, action=action.kind, step=step)
 
     def finish(self, action: pl.Action, status: str, message: str) -> None:
@@ -505,6 +566,17 @@ class Daemon:
         if self.dry_run or self.db is None:
             return
         self.db.save_books(self.state.books)
+        for jid, restart, fig in self.models.measured:
+            used = self.models.restart_cost(jid)
+            parts = [f"{who} {fig[k]:.1f} s" for k, who in (("daemon_s", "signal->first step (daemon)"),
+                                                              ("job_s", "stop->first step (job)")) if fig[k] is not None]
+            msg = f"restart {restart}: " + ", ".join(parts) + (f"; planning with {used:.1f} s" if used else "")
+            self.db.log_decision(self.cycle_no, int(jid), "measure", "restart-cost", reason=f"restart {restart}",
+                                 message=msg)
+            event(logging.INFO, "restart cost measured", job=jid, restart=restart, daemon_s=fig["daemon_s"],
+                  job_s=fig["job_s"], planning_s=used)
+        self.models.measured.clear()
+        self.models.forget({j.job_id for j in records})
         rows = []
         plan_reason = {a.job_id: a.reason for a in result.plan.actions}
         problem_jobs = {j.job_id: j for j in snap.problem.jobs}
@@ -525,7 +597,12 @@ class Daemon:
                     eff = sps / (v.gpus * base) if base else None
                 del rec
             book = self.state.books.get(v.job_id)
+            m = req.model if req is not None else None
+            if getattr(m, "provenance", None) == "prior":
+                sps = eff = None  # a guess of the default model is not shown as the job's throughput
             rows.append({
+                "model": getattr(m, "provenance", None), "model_uncertainty": getattr(m, "uncertainty", None),
+                "noise_scale": getattr(m, "noise_scale", None), "restart_s": req.restart_s if req else None,
                 "job_id": v.job_id, "gpus": v.gpus, "target_gpus": a.gpus if a else None, "batch": v.batch,
                 "samples_per_s": sps, "efficiency": eff, "rescales": book.rescales if book else 0,
                 "last_change": (time.time() - (self.clock() - book.last_change_s))

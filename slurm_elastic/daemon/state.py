@@ -68,10 +68,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     efficiency REAL,
     rescales INTEGER,
     last_change REAL,
-    reason TEXT
+    reason TEXT,
+    model TEXT,
+    model_uncertainty REAL,
+    noise_scale REAL,
+    restart_s REAL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
+
+
+JOB_VIEW_ADDED = (("model", "TEXT"), ("model_uncertainty", "REAL"), ("noise_scale", "REAL"), ("restart_s", "REAL"))
 
 
 class LockHeld(RuntimeError):
@@ -149,6 +156,10 @@ class StateDB:
             if new:
                 os.chmod(self.path, 0o644)
             self.conn.executescript(SCHEMA)
+            have = {r[1] for r in self.conn.execute("PRAGMA table_info(jobs)").fetchall()}
+            for col, typ in JOB_VIEW_ADDED:  # a database made before these columns existed
+                if col not in have:
+                    self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
         self.conn.row_factory = sqlite3.Row
 
     def close(self) -> None:
@@ -221,14 +232,17 @@ class StateDB:
             for r in rows:
                 self.conn.execute(
                     "INSERT INTO jobs(job_id, updated, gpus, target_gpus, batch, samples_per_s, efficiency, "
-                    "rescales, last_change, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "rescales, last_change, reason, model, model_uncertainty, noise_scale, restart_s) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(job_id) DO UPDATE SET updated=excluded.updated, gpus=excluded.gpus, "
                     "target_gpus=excluded.target_gpus, batch=excluded.batch, samples_per_s=excluded.samples_per_s, "
                     "efficiency=excluded.efficiency, rescales=excluded.rescales, last_change=excluded.last_change, "
-                    "reason=excluded.reason",
+                    "reason=excluded.reason, model=excluded.model, model_uncertainty=excluded.model_uncertainty, "
+                    "noise_scale=excluded.noise_scale, restart_s=excluded.restart_s",
                     (int(r["job_id"]), now, r.get("gpus"), r.get("target_gpus"), r.get("batch"),
                      r.get("samples_per_s"), r.get("efficiency"), r.get("rescales"), r.get("last_change"),
-                     r.get("reason")),
+                     r.get("reason"), r.get("model"), r.get("model_uncertainty"), r.get("noise_scale"),
+                     r.get("restart_s")),
                 )
 
     def job_views(self) -> dict[int, dict]:

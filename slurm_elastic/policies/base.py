@@ -24,6 +24,8 @@ class JobRequest:
     running_batch: int | None = None
     restart_s: float = 45.0  # estimated checkpoint + requeue + restart time of a rescale
     wait_s: float = 0.0  # how long it has been pending (for starvation control)
+    noise_scale: float | None = None  # gradient noise scale (samples) the job reported; None: unknown
+    base_batch: int | None = None  # the batch at which its statistical efficiency is 1
 
     @property
     def is_running(self) -> bool:

@@ -48,6 +48,7 @@ from .assignment import Assignment, resolve_assignment
 from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
 from .lr import LRScaler
+from .noise import GradientNoise
 from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
 from .signals import install_stop_handler
 from .slurm_env import JobRecordText, SlurmEnv, read_job_record
@@ -87,14 +88,23 @@ class Step:
         """Yield the micro-batches; gradient sync (DDP) is suppressed on all but the last."""
         mbs = self.plan.micro_batches
         ddp = self._job.ddp
+        noise = self._job.noise
+        if noise is not None:
+            noise.active = self._job.optimizer_steps % self._job.noise_every == 0
+            if not noise.active:
+                noise = None
         for i, mb in enumerate(mbs):
             last = i == len(mbs) - 1
             ctx = ddp.no_sync() if (ddp is not None and not last) else contextlib.nullcontext()
+            if noise is not None:
+                noise.begin_micro()
             with ctx:
                 yield mb
+            if noise is not None:
+                noise.end_micro(len(mb), mb.scale, self._job._loss_scale())
 
     def optimizer_step(self, *, zero_grad: bool = True) -> None:
-        self._job._optimizer_step()
+        self._job._optimizer_step(self.plan.count)
         if zero_grad:
             self._job.optimizer.zero_grad(set_to_none=True)
         self.done = True
@@ -115,6 +125,10 @@ class ElasticJob:
         checkpoint_every_steps: int | None = None,
         checkpoint_every_s: float | None = None,
         throughput_warmup_steps: int = 3,
+        noise_scale: bool = True,
+        noise_smoothing: float = 0.99,
+        noise_every: int = 1,
+        report_every_s: float = 30.0,
         timeout_s: float = 300.0,
         stop_signals: tuple[str, ...] = ("USR2",),
         env: Mapping[str, str] | None = None,
@@ -137,6 +151,14 @@ class ElasticJob:
         self.checkpoint_every_steps = checkpoint_every_steps
         self.checkpoint_every_s = checkpoint_every_s
         self.throughput_warmup_steps = max(0, int(throughput_warmup_steps))
+        # The gradient noise scale (see .noise): hooks on the model's parameters, one 3-scalar
+        # all-reduce per step; reported with the throughput so the daemon knows efficiency(batch).
+        self.noise: GradientNoise | None = GradientNoise(1, noise_smoothing) if noise_scale else None
+        self.noise_every = max(1, int(noise_every))
+        self.report_every_s = float(report_every_s)
+        self._last_report = time.time()
+        self._stop_time: float | None = None  # when the previous start agreed to stop (from its checkpoint)
+        self._first_step_time: float | None = None
         self.timeout_s = float(timeout_s)
         self.job_record = job_record
         self.checkpoint_progress = checkpoint_progress
@@ -247,6 +269,8 @@ class ElasticJob:
         self.model = model
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+        if self.noise is not None:
+            self.noise.attach(model)
         return self.ddp
 
     def register(self, *, model: torch.nn.Module | None = None, optimizer=None, scheduler=None, scaler=None,
@@ -284,6 +308,7 @@ class ElasticJob:
             "dataset_size": self.dataset_size,
             "seed": self.seed,
             "lr": self.lr.state_dict() if self.lr else None,
+            "noise": self.noise.state_dict() if self.noise is not None else None,
             "history": [dict(h) for h in self.history],
             "user": {k: v.state_dict() for k, v in self.user_objects.items()},
             "extra": dict(self.extra),
@@ -325,6 +350,10 @@ class ElasticJob:
         self.history = [dict(h) for h in state.get("history", [])]
         self.extra = dict(state.get("extra", {}))
         self._lr_state = state.get("lr")
+        if self.noise is not None:
+            self.noise.load_state_dict(state.get("noise"))
+        if self.history:
+            self._stop_time = self.history[-1].get("stop_time")
         self.restored_from = Path(path)
         # Every rank loaded the same file, so the DDP replicas agree without a broadcast.
         self._begin_start()
@@ -341,6 +370,9 @@ class ElasticJob:
         if warm is None:
             warm = 20 * a.global_batch if self.lr_scaling == "linear" else 0
         self.lr = LRScaler(self.lr_scaling, int(base), int(warm))
+        if self.noise is not None:
+            self.noise.base_batch = int(base)
+            self.lr.noise_scale = self.noise.noise_scale
         prev = self._lr_state
         if prev:
             self.lr.load_state_dict(prev)
@@ -401,6 +433,8 @@ class ElasticJob:
                     self._tp_steps += 1
                     self._tp_samples += plan.count
                     self._tp_seconds += dt
+                if self.rank == 0:
+                    self._maybe_report()
             self.epoch += 1
             self.offset = 0
 
@@ -417,8 +451,18 @@ class ElasticJob:
         dist.all_reduce(flag_t, op=dist.ReduceOp.MAX)
         return bool(flag_t[0].item()), bool(flag_t[1].item())
 
-    def _optimizer_step(self) -> None:
+    def _loss_scale(self) -> float:
+        return float(self.scaler.get_scale()) if self.scaler is not None and self.scaler.is_enabled() else 1.0
+
+    def _optimizer_step(self, count: int | None = None) -> None:
         opt = self.optimizer
+        if self.noise is not None:
+            if count is None or not self.noise.active:
+                self.noise.discard()
+            else:
+                params = [p for g in opt.param_groups for p in g["params"]]
+                self.noise.step(params, self.assignment.global_batch, count, self.device, self._loss_scale())
+                self.lr.noise_scale = self.noise.noise_scale
         f = self.lr.factor(self.samples_seen)
         if self.lr_schedule is not None:
             f *= float(self.lr_schedule(self.samples_seen))
@@ -452,12 +496,31 @@ class ElasticJob:
             h["steps"] = self._steps_this_start
             h["measured_steps"] = self._tp_steps
 
+    def _maybe_report(self) -> None:
+        """Rank 0: write the report after this start's first step (its restart-cost record), once the
+        first measured steps are in, and every ``report_every_s`` after that."""
+        now = time.time()
+        if self._steps_this_start == 1:
+            self._first_step_time = now
+            self._flush_throughput()
+        elif self._tp_steps == 5 or now - self._last_report >= self.report_every_s:
+            self._flush_throughput()
+
     def _flush_throughput(self) -> None:
         steps, samples, secs = self._tp_steps, self._tp_samples, self._tp_seconds
         fs, fn, ft = self._tp_flushed
-        if steps > fs:
+        self._last_report = time.time()
+        start = None
+        if self._first_step_time is not None and self.senv.job_id is not None:
+            start = {"restart_count": self.senv.restart_count, "first_step": self._first_step_time,
+                     "stop": self._stop_time, "world_size": self.world_size,
+                     "global_batch": self.assignment.global_batch}
+        ns = self.noise.noise_scale if self.noise is not None else None
+        if steps > fs or ns is not None or start is not None:
             p = protocol.merge_throughput(self.ckpt_dir, self.senv.job_id, self.world_size,
-                                          self.assignment.global_batch, samples - fn, secs - ft, steps - fs)
+                                          self.assignment.global_batch, samples - fn, secs - ft, steps - fs,
+                                          noise_scale=ns, base_batch=self.lr.base_batch if self.lr else None,
+                                          start=start)
             self._tp_flushed = (steps, samples, secs)
             if p:
                 self.log(f"throughput at {self.world_size} x batch {self.assignment.global_batch}: "
@@ -465,6 +528,8 @@ class ElasticJob:
 
     def _stop_and_exit(self) -> None:
         self.log(f"stop requested; all ranks stop after step {self.optimizer_steps}")
+        if self.history:
+            self.history[-1]["stop_time"] = time.time()
         path = self.checkpoint()
         if self.rank == 0:
             ack = {"format": protocol.FORMAT, "job_id": self.senv.job_id, "restart_count": self.senv.restart_count,

@@ -215,9 +215,10 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
             assert "report rejected" in d.models.sources[jid], d.models.sources[jid]
         # The forged report: every point unverified; the job runs on the default prior.
         fj = hostile["forged"][0]
-        assert "unverified ignored" in d.models.sources[fj] and d.models.sources[fj].startswith("default")
+        assert "unverified ignored" in d.models.sources[fj] and d.models.sources[fj].startswith("prior")
         req = {j.job_id: j for j in snap.problem.jobs}
-        assert req[fj].model is DEFAULT_MODEL
+        assert req[fj].model.provenance == "prior" and req[fj].model.inner is DEFAULT_MODEL
+        assert req[fj].model.scale == 1.0  # nothing verified: the prior, not scaled to the forged figures
         # Paths and weight: bad specs naming job, field and path; never acted on.
         err_f, err_w = str(snap.errors[foreign]), str(snap.errors[heavy])
         assert f"job {foreign}" in err_f and "ckpt_dir" in err_f and str(good_dirs[0]) in err_f, err_f

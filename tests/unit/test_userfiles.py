@@ -187,8 +187,9 @@ def test_registry_ignores_a_forged_perfect_scaling_report_and_names_the_problem(
     reg.evidence.observe(7, 0, 1, 1000.0, 1300.0)
     (ck / "throughput.json").write_text(json.dumps({"points": [pt(k, 256, 100.0 * k) for k in (1, 2, 4, 8)]}))
     model = reg(rec, spec)
-    assert "default" in reg.sources[7] and "3 unverified ignored" in reg.sources[7]
+    assert reg.sources[7] == "fitted from 1 report, 3 unverified ignored"  # only the 1-GPU point ran
     assert model.samples_per_s(8, 2, 32, 1) < 8 * model.samples_per_s(1, 1, 256, 1)
+    assert model.samples_per_s(1, 1, 256, 1) == pytest.approx(100.0)  # the verified point, at its scale
     (ck / "throughput.json").write_text('{"points": [{"gpus": 1, "batch": 256, "samples_per_s": NaN}]}')
     reg(rec, spec)
     assert "strict JSON" in reg.problems[7] and "throughput.json" in reg.problems[7]
