@@ -42,7 +42,7 @@ def daemon(config_path, once, dry_run, state_dir, poll_interval_s):
     d = Daemon(cfg, config_path=config_path, dry_run=dry_run)
     try:
         d.open()
-    except LockHeld as e:
+    except (LockHeld, ConfigError) as e:
         raise click.ClickException(str(e)) from e
     except OSError as e:
         raise click.ClickException(f"cannot open the state directory {cfg.state_dir}: {e}") from e

@@ -107,3 +107,20 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
     if cfg.max_in_flight < 1:
         raise ConfigError(f"{source}: max_in_flight must be at least 1")
     return cfg
+
+
+def check_managed_partitions(cfg: DaemonConfig, nodes) -> None:
+    """Refuse a configuration that manages nothing: a managed partition Slurm does not have (or whose
+    nodes have no GPUs) would silently give 0 managed GPUs. ``nodes``: the NodeRecords Slurm lists."""
+    gpus: dict[str, int] = {}
+    for n in nodes:
+        for p in n.partitions:
+            gpus[p] = gpus.get(p, 0) + n.gpus_total
+    unknown = [p for p in cfg.partitions if p not in gpus]
+    if unknown:
+        raise ConfigError(f"partitions: {', '.join(map(repr, unknown))} not found in Slurm "
+                          f"(it has: {', '.join(sorted(gpus)) or 'none'}); the daemon would manage nothing there")
+    if cfg.partitions and not any(gpus[p] for p in cfg.partitions):
+        raise ConfigError(f"partitions: {', '.join(cfg.partitions)} have no GPUs; the daemon would manage nothing")
+    if not cfg.partitions and nodes and not any(gpus.values()):
+        raise ConfigError("no partition of this cluster has GPUs; the daemon would manage nothing")
