@@ -37,6 +37,7 @@ class DaemonConfig:
     metrics_port: int = 9788
     slurm_bin: str = "/usr/bin"  # where squeue/scontrol/sinfo/scancel live
     slurm_timeout_s: float = 30.0  # per Slurm command
+    lease_ttl_s: float = 90.0  # one daemon per cluster (daemon/lease.py); at least 3 polls; 0 = no lease
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:

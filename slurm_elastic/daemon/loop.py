@@ -293,6 +293,13 @@ class Daemon:
         self.last_results: list = []
         self._was_elastic: set[int] = set()  # elastic jobs of the last cycle (oversight)
         self._config_unchecked = False  # the managed partitions could not be checked against Slurm yet
+        self.lease = None
+        if config.lease_ttl_s > 0:
+            from slurm_elastic.daemon.lease import Lease
+
+            self.lease = Lease(self.backend, config.state_dir, max(config.lease_ttl_s, 3 * config.poll_interval_s),
+                               config.partitions[0] if config.partitions else None)
+        self.refused_by: str | None = None  # why this daemon does not act (another daemon's lease)
         self._notes: dict[int, str] = {}  # job -> last logged oversight note
         self._left: dict[int, str] = {}  # job -> why it was left alone last cycle
 
@@ -314,7 +321,10 @@ class Daemon:
         self._was_elastic = set(self.db.job_views())
         if not self.dry_run:
             try:
-                self.records = {j.job_id: j for j in self.backend.list_jobs()}
+                records = self.backend.list_jobs()
+                self.records = {j.job_id: j for j in records}
+                if self._lease_refuses(records):
+                    raise SlurmError("another daemon holds this cluster; reconcile waits")
                 reconcile(self.db, self.backend, self.enactor, self.journal)
             except SlurmError as e:
                 event(logging.ERROR, "cannot reconcile at start; will retry next cycle", error=str(e))
@@ -328,7 +338,29 @@ class Daemon:
         event(logging.INFO, "daemon started", policy=self.config.policy, state_dir=self.config.state_dir,
               partitions=",".join(self.config.partitions) or "all", dry_run=self.dry_run)
 
+    def _lease_refuses(self, records) -> bool:
+        """One daemon per cluster (daemon/lease.py): True (logged loudly) when this one must not act."""
+        if self.lease is None:
+            return False
+        try:
+            why = self.lease.check(records, write=not self.dry_run)
+        except SlurmError as e:
+            why = f"cannot write this daemon's lease into Slurm ({e}); not acting without it"
+        if self.lease.unsupported and self.refused_by is None and self.cycle_no <= 1:
+            event(logging.WARNING, "this backend keeps no lease: a second daemon would not be detected")
+        if why:
+            self.metrics.inc("slurm_elastic_errors_total", kind="second_daemon")
+            event(logging.CRITICAL, "refusing to act", reason=why)
+        elif self.refused_by:
+            event(logging.WARNING, "this daemon holds the cluster again", lease_job=self.lease.job_id)
+        self.refused_by = why
+        if self.db is not None:
+            self.db.set_meta("refused", why)
+        return why is not None
+
     def close(self) -> None:
+        if self.lease is not None and not self.dry_run:
+            self.lease.release()
         if self.server:
             self.server.stop()
             self.server = None
@@ -421,6 +453,8 @@ class Daemon:
             return self._skip_cycle(e)
         self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
+        if self._lease_refuses(records) and not self.dry_run:
+            return None
         if not self.dry_run and reconcile(self.db, self.backend, self.enactor, self.journal):
             try:  # reconcile acted: read again rather than plan on what it changed
                 records = self.backend.list_jobs()

@@ -143,3 +143,60 @@ def test_a_configuration_that_manages_nothing_is_refused_at_start_and_at_reload(
     d.reload()
     assert d.config.partitions == ("gpu",)  # the old configuration is kept
     d.close()
+
+
+class _LeaseSlurm:
+    """Just enough of a backend for the lease: held placeholder jobs with an AdminComment."""
+
+    def __init__(self):
+        self.jobs: dict[int, JobRecord] = {}
+        self.next_id = 100
+
+    def submit_lease(self, name, partition, admin_comment):
+        self.next_id += 1
+        self.jobs[self.next_id] = _rec(self.next_id, name=name, comment="", held=True, admin_comment=admin_comment)
+        return self.next_id
+
+    def update_job(self, job_id, admin_comment=None, **_):
+        from dataclasses import replace
+
+        self.jobs[job_id] = replace(self.jobs[job_id], admin_comment=admin_comment)
+
+    def cancel_lease(self, job_id):
+        del self.jobs[job_id]
+
+    def list_jobs(self):
+        return list(self.jobs.values())
+
+
+def test_a_second_daemon_with_its_own_state_dir_is_told_by_the_lease_in_slurm(tmp_path):
+    from slurm_elastic.daemon.lease import Lease
+
+    slurm = _LeaseSlurm()
+    now = [1000.0]
+    alive = {1, 2, 3}
+    mk = lambda d, host, pid: Lease(slurm, str(tmp_path / d), 60, clock=lambda: now[0], host=host, pid=pid,  # noqa: E731
+                                    pid_alive=lambda p: p in alive)
+    first, second, remote = mk("a", "h", 1), mk("b", "h", 2), mk("c", "h2", 3)
+    assert first.check(slurm.list_jobs()) is None
+    why = second.check(slurm.list_jobs())
+    assert why and f"lease job {first.job_id}" in why and "host h," in why and "pid 1" in why  # refused, named
+    assert remote.check(slurm.list_jobs())  # another host too
+    now[0] += 30
+    assert first.check(slurm.list_jobs()) is None and second.check(slurm.list_jobs())  # renewed: still refused
+    # A user's job with a lease-looking *Comment* is no lease (only the AdminComment counts).
+    slurm.jobs[1] = _rec(1, comment="elastic-lease:key=x,host=z,pid=9,ts=1030,ttl=60")
+    assert first.check(slurm.list_jobs()) is None
+    # The first daemon is SIGKILLed: on its host, the pid in its lease is gone, so it is stale at once.
+    alive.discard(1)
+    assert second.check(slurm.list_jobs()) is None
+    # On another host only the ttl tells: refused until the dead lease is 60 s old; the live one is older.
+    assert remote.check(slurm.list_jobs())
+    alive.discard(2)
+    now[0] += 61
+    assert remote.check(slurm.list_jobs()) is None
+    # A restarted daemon on the same host and state dir adopts its own lease (no second placeholder).
+    again = mk("c", "h2", 4)
+    assert again.check(slurm.list_jobs()) is None and again.job_id == remote.job_id
+    again.release()
+    assert again.job_id is None and remote.job_id not in slurm.jobs
