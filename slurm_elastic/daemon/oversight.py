@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from slurm_elastic.backends.base import JobRecord
-from slurm_elastic.spec import is_elastic_comment
+from slurm_elastic.spec import DECISION_PREFIX, is_elastic_comment
 
 SUBMIT_HOLD_REASON = "JobHeldUser"
 
@@ -73,6 +73,9 @@ def review(records: Iterable[JobRecord], marks: Mapping[int, int], was_elastic: 
                 out.forget.add(jid)
                 out.notes[jid] = (f"released by someone else while the daemon held it; planned again from its "
                                   f"current state ({r.state})")
+            elif r.is_running and not r.admin_comment.startswith(DECISION_PREFIX) and jid in before:
+                out.notes[jid] = ("released by someone else before the daemon placed it (running without a "
+                                  "decision); planned again from its current size")
             elif before and jid not in before and not (r.is_pending and r.held):
                 out.notes[jid] = f"became elastic after submit (comment changed, {r.state}); managed from now on"
         else:
