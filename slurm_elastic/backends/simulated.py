@@ -456,7 +456,7 @@ class SimulatedSlurm(SlurmBackend):
         j.state = PENDING
         j.phase = ""
         j.held = True
-        j.hold_reason = "JobHeldAdmin"
+        j.hold_reason = "JobHeldUser"  # as Slurm shows a requeuehold, whoever ran it
         j.acked = False
         j.rate = 0.0
         j.restart_count += 1

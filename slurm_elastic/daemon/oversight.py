@@ -2,8 +2,10 @@
 
 Slurm cannot say *who* set a hold, so the daemon tells its own holds apart by what it knows:
 
-- the plugin's submit hold: a pending job held with reason ``JobHeldUser`` (the plugin sets priority 0
-  at submit; users cannot hold or release elastic jobs themselves, the plugin refuses it);
+- the plugin's submit hold: a pending job that never ran (restart count 0) held with reason
+  ``JobHeldUser`` (the plugin sets priority 0 at submit; users cannot hold or release elastic jobs, the
+  plugin refuses it). ``scontrol requeuehold`` also shows ``JobHeldUser`` (seen on 22.05), whoever
+  runs it, but it raises the restart count, so an admin's requeuehold is never taken for this;
 - its own ``requeuehold``/``hold``: a **hold mark** in the state DB, written before the step with the
   restart count the job will have after it, cleared when the daemon releases the job;
 - a job with an open intent (a step under way or left by a crash; reconcile finishes it).
@@ -40,8 +42,8 @@ def held_by_daemon(r: JobRecord, marks: Mapping[int, int], open_intents: Iterabl
     """Is this held job held by the plugin at submit or by the daemon itself?"""
     if not r.held:
         return False
-    if r.is_pending and r.state_reason == SUBMIT_HOLD_REASON:
-        return True
+    if r.is_pending and r.state_reason == SUBMIT_HOLD_REASON and r.restart_count == 0:
+        return True  # never ran: the plugin's submit hold (a requeuehold also says JobHeldUser, but counts)
     if r.job_id in open_intents:
         return True
     mark = marks.get(r.job_id)

@@ -33,7 +33,7 @@ def _rec(jid, **kw):
 
 def test_whose_hold_is_it():
     submit = _rec(1, held=True, state_reason="JobHeldUser")
-    admin = _rec(2, held=True, state_reason="JobHeldAdmin", restart_count=1)
+    admin = _rec(2, held=True, state_reason="JobHeldUser", restart_count=1)  # an admin's requeuehold
     ours = _rec(3, held=True, state_reason="JobHeldAdmin", restart_count=1)
     again = _rec(4, held=True, state_reason="JobHeldAdmin", restart_count=2)  # requeueheld again after ours
     marks = {3: 1, 4: 1}
