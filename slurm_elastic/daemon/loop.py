@@ -340,10 +340,10 @@ class Daemon:
 
     def _lease_refuses(self, records) -> bool:
         """One daemon per cluster (daemon/lease.py): True (logged loudly) when this one must not act."""
-        if self.lease is None:
-            return False
+        if self.lease is None or self.dry_run:
+            return False  # `plan` and --dry-run act on nothing: the running daemon holds the lease
         try:
-            why = self.lease.check(records, write=not self.dry_run)
+            why = self.lease.check(records)
         except SlurmError as e:
             why = f"cannot write this daemon's lease into Slurm ({e}); not acting without it"
         if self.lease.unsupported and self.refused_by is None and self.cycle_no <= 1:
@@ -453,7 +453,7 @@ class Daemon:
             return self._skip_cycle(e)
         self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
-        if self._lease_refuses(records) and not self.dry_run:
+        if self._lease_refuses(records):
             return None
         if not self.dry_run and reconcile(self.db, self.backend, self.enactor, self.journal):
             try:  # reconcile acted: read again rather than plan on what it changed
