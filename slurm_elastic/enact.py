@@ -24,7 +24,7 @@ planner.plan -> Enactor.apply``; the simulator calls exactly this function.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -44,7 +44,7 @@ class Journal(Protocol):
     """Where a durable driver records each step *before* it is taken (the daemon: SQLite intents)."""
 
     def step(self, action: pl.Action, step: str) -> None:
-        """About to take ``step`` ("signal", "requeue_hold", "update", "release") of ``action``."""
+        """About to take ``step`` ("signal", "requeue_hold", "hold", "update", "release") of ``action``."""
 
     def finish(self, action: pl.Action, status: str, message: str) -> None:
         """``action`` ended with ``status`` ("done", "timeout", "error")."""
@@ -135,9 +135,17 @@ class Enactor:
                     self._place(a)
                     out.append(self._result(a, "done"))
                 elif isinstance(a, pl.Hold):
+                    self._step(a, "hold")
                     self.backend.hold(a.job_id)
                     out.append(self._result(a, "done"))
                 else:
+                    # Never stop what cannot restart: Slurm refuses to requeue such a job, so after the
+                    # signal it would checkpoint, stop and end FAILED. Checked on the job record before the signal.
+                    job = self.backend.get_job(a.job_id)
+                    if job is not None and not job.requeueable:
+                        out.append(self._result(a, "error", "not requeueable (--no-requeue or JobRequeue=0): "
+                                                            "not signalled, left at its size"))
+                        continue
                     self._step(a, "signal")
                     self.backend.signal(a.job_id, self.signal_name)
                     self.in_flight[a.job_id] = _InFlight(a, self.clock())
@@ -209,6 +217,7 @@ def run_cycle(
     default_restart_s: float = 45.0,
     horizon_s: float = 3600.0,
     placement: bool = True,
+    left_alone: Mapping[int, str] | None = None,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``."""
     enactor.poll()
@@ -224,6 +233,7 @@ def run_cycle(
         horizon_s=horizon_s,
         allow_preemption=bool(planner_config and planner_config.allow_preemption),
         spec_cache=state.spec_cache,
+        left_alone=left_alone,
     )
     if snap.problem.jobs:
         alloc = policy.allocate(snap.problem)

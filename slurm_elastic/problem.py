@@ -12,6 +12,10 @@ Rules:
 - **Elastic jobs** are active jobs in a managed partition whose ``Comment`` is an ``elastic:`` spec.
   A spec that fails :func:`parse_spec` (or cannot be placed on this node size) puts the job in
   ``errors``; for capacity it then counts as non-elastic.
+- **Left alone**: an elastic job that Slurm will not requeue (``requeueable`` false: ``--no-requeue``,
+  or ``JobRequeue=0`` without ``--requeue``) once it runs, and every job the driver names in
+  ``left_alone`` (the daemon: operator holds), go to ``unmanaged`` with the reason and count as
+  non-elastic: never signalled, resized or released; a non-requeueable job may still be started.
 - **Capacity** (GPUs available to elastic jobs) = GPUs of the managed nodes minus the GPUs held by
   running non-elastic jobs on them. Elastic jobs' own GPUs are part of the capacity, since the policy
   reallocates them.
@@ -67,6 +71,7 @@ class Snapshot:
     node_size: int
     decisions: Mapping[int, Decision] = field(default_factory=dict)
     node_free: Mapping[str, int] = field(default_factory=dict)  # free GPUs per managed node, now
+    unmanaged: Mapping[int, str] = field(default_factory=dict)  # elastic jobs left alone -> why
 
 
 class SpecCache:
@@ -169,8 +174,10 @@ def build_problem(
     horizon_s: float = 3600.0,
     allow_preemption: bool = False,
     spec_cache: SpecCache | None = None,
+    left_alone: Mapping[int, str] | None = None,
 ) -> Snapshot:
-    """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way."""
+    """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
+    ``left_alone`` maps job id -> reason for elastic jobs the driver must not act on."""
     parts = None if partitions is None else frozenset(partitions)
     in_flight = in_flight or {}
     cache = spec_cache or SpecCache()
@@ -188,10 +195,19 @@ def build_problem(
     elastic: list[JobRecord] = []
     specs: dict[int, ElasticSpec] = {}
     errors: dict[int, SpecError] = {}
+    unmanaged: dict[int, str] = {}
+    left_alone = left_alone or {}
     for r in jobs:
         if not r.is_active:
             continue
         is_el = managed_partition(r.partition) and is_elastic_comment(r.comment)
+        if is_el and r.job_id in left_alone and r.job_id not in in_flight:
+            unmanaged[r.job_id] = left_alone[r.job_id]
+            is_el = False
+        elif is_el and not r.requeueable and not r.is_pending and r.job_id not in in_flight:
+            unmanaged[r.job_id] = (f"not requeueable (--no-requeue, or JobRequeue=0 without --requeue): "
+                                   f"left at its {r.gpus_total} GPUs, never signalled to resize")
+            is_el = False
         if is_el:
             try:
                 specs[r.job_id] = cache.get(r.comment, r.job_id, size)
@@ -313,4 +329,5 @@ def build_problem(
         node_size=size,
         decisions=decisions,
         node_free={n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},
+        unmanaged=unmanaged,
     )

@@ -193,9 +193,42 @@ _KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir
 _PATH_RE = re.compile(r"^/[A-Za-z0-9_./%+-]{0,255}$")
 
 
+# ASCII whitespace, exactly Lua's %s (C isspace): the plugin and this parser trim the same characters.
+_WS = " \t\n\r\v\f"
+
+
+def _invisible(c: str) -> bool:
+    """A character that may hide before the prefix: ASCII space/control, DEL, or any non-ASCII one
+    (NBSP, zero-width space, BOM, ...). In UTF-8 bytes: <= 0x20, 0x7f or >= 0x80, which is the rule
+    the Lua plugin applies byte by byte, so both sides agree on every string."""
+    o = ord(c)
+    return o <= 0x20 or o == 0x7F or o >= 0x80
+
+
+def comment_kind(comment: str | None) -> str:
+    """``"elastic"``, ``"malformed"`` or ``"plain"``: THE rule for "is this job elastic" (docs/SPEC.md).
+
+    Elastic: the comment starts with ``elastic:`` at its first character. Malformed: ``elastic:`` in
+    any ASCII letter case, or behind whitespace, control or non-ASCII characters (``" elastic:"``,
+    ``"\x1felastic:"``, ``"\u00a0elastic:"``, ``"Elastic:"``): such a comment declares intent but
+    is refused by the plugin and reported by the daemon, never run as a plain job behind its back
+    nor managed. Everything else is plain (not elastic).
+    """
+    if not comment:
+        return "plain"
+    if comment.startswith(SPEC_PREFIX):
+        return "elastic"
+    i = 0
+    while i < len(comment) and _invisible(comment[i]):
+        i += 1
+    head = comment[i:i + len(SPEC_PREFIX)]
+    return "malformed" if head.isascii() and head.lower() == SPEC_PREFIX else "plain"
+
+
 def is_elastic_comment(comment: str | None) -> bool:
-    """True when a job's comment declares it elastic (whether or not the spec is valid)."""
-    return bool(comment) and comment.strip().startswith(SPEC_PREFIX)
+    """True when a job's comment declares it elastic (whether or not the spec is valid, or even
+    well-placed: a malformed prefix is elastic intent that :func:`parse_spec` refuses)."""
+    return comment_kind(comment) != "plain"
 
 
 def _parse_int(value: str, name: str, job_id, limit: int) -> int:
@@ -242,19 +275,23 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
     """Parse an ``elastic:key=value,...`` comment into an :class:`ElasticSpec`; raise only SpecError."""
     if not isinstance(comment, str):
         raise SpecError("the comment is not text", job_id=job_id, field="comment")
-    text = comment.strip()
-    if not text.startswith(SPEC_PREFIX):
+    kind = comment_kind(comment)
+    if kind == "malformed":
+        raise SpecError(
+            f"the comment must start with {SPEC_PREFIX!r} at its first character (found whitespace, control "
+            "or non-ASCII characters, or another letter case, before it)", job_id=job_id, field="comment")
+    if kind != "elastic":
         raise SpecError(f"an elastic spec starts with {SPEC_PREFIX!r}", job_id=job_id, field="comment")
-    body = text[len(SPEC_PREFIX):]
-    if len(body) > 4096:
+    body = comment[len(SPEC_PREFIX):]
+    if len(body.encode("utf-8", "surrogatepass")) > 4096:  # bytes, as the plugin counts
         raise SpecError("the spec is longer than 4096 characters", job_id=job_id, field="comment")
     values: dict[str, object] = {}
     for item in body.split(","):
-        item = item.strip()
+        item = item.strip(_WS)
         if not item:
             continue
         key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
+        key, value = key.strip(_WS), value.strip(_WS)
         if not sep:
             raise SpecError(f"expected key=value, got {item!r}", job_id=job_id, field=key or "comment")
         if not key:

@@ -163,3 +163,12 @@ class SlurmBackend(abc.ABC):
     def version(self) -> str:
         """The Slurm release this backend talks to, e.g. '22.05.8'."""
         return "unknown"
+
+    def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
+        """Submit a held, never-running placeholder job carrying ``admin_comment`` (the daemon's lease,
+        daemon/lease.py). Backends without it raise NotImplementedError (the daemon then says so)."""
+        raise NotImplementedError
+
+    def cancel_lease(self, job_id: int) -> None:
+        """Cancel a placeholder job made by :meth:`submit_lease` (never a user's job)."""
+        raise NotImplementedError

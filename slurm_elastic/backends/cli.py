@@ -224,6 +224,22 @@ class CliBackend(SlurmBackend):
             # A requeued job otherwise waits cred_expire (120 s by default) before it may start.
             self._call("scontrol", ["update", f"JobId={jid}", "StartTime=now"])
 
+    def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
+        args = ["--parsable", "--hold", f"--job-name={name}", "--output=/dev/null", "--chdir=/", "--ntasks=1",
+                "--no-requeue", "--time=1", "--wrap=true"]
+        if partition:
+            args.append(f"--partition={partition}")
+        out = self._call("sbatch", args, retry=False)
+        try:
+            jid = int(out.strip().split(";")[0])
+        except ValueError as e:
+            raise SlurmParseError(f"sbatch printed no job id: {out[:80]!r}", argv=["sbatch", *args]) from e
+        self._call("scontrol", ["update", f"JobId={jid}", f"AdminComment={admin_comment}"])
+        return jid
+
+    def cancel_lease(self, job_id: int) -> None:
+        self._call("scancel", [self._jid(job_id)])
+
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         sig = signal.upper()
         if not _SIGNAL_RE.match(sig):

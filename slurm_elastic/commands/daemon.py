@@ -46,7 +46,7 @@ def daemon(config_path, once, dry_run, state_dir, poll_interval_s):
     d.watchdog.start()
     try:
         d.open()
-    except LockHeld as e:
+    except (LockHeld, ConfigError) as e:
         d.watchdog.close()
         raise click.ClickException(str(e)) from e
     except OSError as e:

@@ -39,6 +39,7 @@ class DaemonConfig:
     slurm_timeout_s: float = 30.0  # per Slurm command
     max_weight: float = 10.0  # site maximum of a spec's weight; a job asking more is refused (bad spec)
     watchdog_s: float = 600.0  # a cycle (or a stop) stuck this long ends the process (systemd restarts it); 0 = off
+    lease_ttl_s: float = 90.0  # one daemon per cluster (daemon/lease.py); at least 3 polls; 0 = no lease
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:
@@ -111,3 +112,20 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
     if cfg.max_in_flight < 1:
         raise ConfigError(f"{source}: max_in_flight must be at least 1")
     return cfg
+
+
+def check_managed_partitions(cfg: DaemonConfig, nodes) -> None:
+    """Refuse a configuration that manages nothing: a managed partition Slurm does not have (or whose
+    nodes have no GPUs) would silently give 0 managed GPUs. ``nodes``: the NodeRecords Slurm lists."""
+    gpus: dict[str, int] = {}
+    for n in nodes:
+        for p in n.partitions:
+            gpus[p] = gpus.get(p, 0) + n.gpus_total
+    unknown = [p for p in cfg.partitions if p not in gpus]
+    if unknown:
+        raise ConfigError(f"partitions: {', '.join(map(repr, unknown))} not found in Slurm "
+                          f"(it has: {', '.join(sorted(gpus)) or 'none'}); the daemon would manage nothing there")
+    if cfg.partitions and not any(gpus[p] for p in cfg.partitions):
+        raise ConfigError(f"partitions: {', '.join(cfg.partitions)} have no GPUs; the daemon would manage nothing")
+    if not cfg.partitions and nodes and not any(gpus.values()):
+        raise ConfigError("no partition of this cluster has GPUs; the daemon would manage nothing")

@@ -19,7 +19,6 @@ off; nothing is acted on from a partial read. The daemon never cancels a job.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 from slurm_elastic import planner as pl
 from slurm_elastic.backends.base import JobRecord, SlurmBackend, SlurmError, SlurmParseError
 from slurm_elastic.daemon.caps import CappedPolicy
-from slurm_elastic.daemon.config import DaemonConfig, load_config
+from slurm_elastic.daemon.config import ConfigError, DaemonConfig, check_managed_partitions, load_config
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
 from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
 from slurm_elastic.daemon.siterules import SiteRules
@@ -281,6 +280,13 @@ class DBJournal:
         self.db.write_intent(action, step, job.restart_count if job else None)
         if step == "signal" and job is not None:
             self.daemon.models.note_signal(job.job_id, job.restart_count, time.time())
+        # The daemon's own holds, told apart from an operator's (daemon/oversight.py).
+        if step == "requeue_hold":
+            self.db.mark_held(action.job_id, job.restart_count + 1 if job else 1 << 30)
+        elif step == "hold":
+            self.db.mark_held(action.job_id, job.restart_count if job else 1 << 30)
+        elif step == "release":
+            self.db.unmark_held(action.job_id)
         event(logging.INFO, "action step", job=action.job_id, action=action.kind, step=step)
 
     def finish(self, action: pl.Action, status: str, message: str) -> None:
@@ -327,6 +333,10 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
             done.append(f"job {jid}: gone from Slurm; intent closed")
             continue
         held_by_us = job.is_pending and job.held
+        if isinstance(action, pl.Hold):
+            db.close_intent(jid)  # a hold is one call: done or not, the next cycle's plan covers it
+            done.append(f"job {jid}: hold intent closed ({'held' if job.held else job.state})")
+            continue
         if isinstance(action, pl.Start) or (isinstance(action, pl.Resize) and step in ("update", "release")):
             if held_by_us:
                 enactor._place(action)  # update (idempotent) + release
@@ -401,21 +411,42 @@ class Daemon:
         self.server: MetricsServer | None = None
         self.backoff_s = 0.0
         self.last_results: list = []
+        self._was_elastic: set[int] = set()  # elastic jobs of the last cycle (oversight)
+        self._config_unchecked = False  # the managed partitions could not be checked against Slurm yet
+        self.lease = None
+        if config.lease_ttl_s > 0:
+            from slurm_elastic.daemon.lease import Lease
+
+            self.lease = Lease(self.backend, config.state_dir, max(config.lease_ttl_s, 3 * config.poll_interval_s),
+                               config.partitions[0] if config.partitions else None)
+        self.refused_by: str | None = None  # why this daemon does not act (another daemon's lease)
+        self._notes: dict[int, str] = {}  # job -> last logged oversight note
+        self._left: dict[int, str] = {}  # job -> why it was left alone last cycle
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
-        """Take the lock, open the state, restore books, reconcile open intents, start metrics."""
+        """Take the lock, check the config against Slurm, open the state, restore books, reconcile open
+        intents, start metrics. Raises ConfigError for a configuration that manages nothing."""
         self.lock.acquire()
+        try:
+            self._check_config(self.config)
+        except ConfigError:
+            self.lock.release()
+            raise
         self.db = StateDB(self.config.state_dir)
         self.journal = DBJournal(self.db, self)
         self.enactor = Enactor(self.backend, self.ack, clock=self.clock, ack_timeout_s=self.config.ack_timeout_s,
                                signal=self.config.signal, journal=None if self.dry_run else self.journal)
         self.state.books = self.db.load_books()
         self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
+        self._was_elastic = set(self.db.job_views())
         if not self.dry_run:
             self.watchdog.progress("reconcile at start")
             try:
-                self.records = {j.job_id: j for j in self.backend.list_jobs()}
+                records = self.backend.list_jobs()
+                self.records = {j.job_id: j for j in records}
+                if self._lease_refuses(records):
+                    raise SlurmError("another daemon holds this cluster; reconcile waits")
                 reconcile(self.db, self.backend, self.enactor, self.journal)
             except SlurmError as e:
                 event(logging.ERROR, "cannot reconcile at start; will retry next cycle", error=str(e))
@@ -429,8 +460,30 @@ class Daemon:
         event(logging.INFO, "daemon started", policy=self.config.policy, state_dir=self.config.state_dir,
               partitions=",".join(self.config.partitions) or "all", dry_run=self.dry_run)
 
+    def _lease_refuses(self, records) -> bool:
+        """One daemon per cluster (daemon/lease.py): True (logged loudly) when this one must not act."""
+        if self.lease is None or self.dry_run:
+            return False  # `plan` and --dry-run act on nothing: the running daemon holds the lease
+        try:
+            why = self.lease.check(records)
+        except SlurmError as e:
+            why = f"cannot write this daemon's lease into Slurm ({e}); not acting without it"
+        if self.lease.unsupported and self.refused_by is None and self.cycle_no <= 1:
+            event(logging.WARNING, "this backend keeps no lease: a second daemon would not be detected")
+        if why:
+            self.metrics.inc("slurm_elastic_errors_total", kind="second_daemon")
+            event(logging.CRITICAL, "refusing to act", reason=why)
+        elif self.refused_by:
+            event(logging.WARNING, "this daemon holds the cluster again", lease_job=self.lease.job_id)
+        self.refused_by = why
+        if self.db is not None:
+            self.db.set_meta("refused", why)
+        return why is not None
+
     def close(self) -> None:
         self.watchdog.close()
+        if self.lease is not None and not self.dry_run:
+            self.lease.release()
         if self.server:
             self.server.stop()
             self.server = None
@@ -439,11 +492,28 @@ class Daemon:
             self.db = None
         self.lock.release()
 
+    def _check_config(self, cfg: DaemonConfig, *, quiet: bool = False) -> bool:
+        """Check the managed partitions against Slurm's nodes; False when Slurm cannot be read now (the
+        check is then repeated at the first cycle that reads Slurm)."""
+        try:
+            nodes = self.backend.list_nodes()
+        except SlurmError as e:
+            if not quiet:
+                event(logging.ERROR, "cannot check the managed partitions against Slurm; will check at the "
+                      "next cycle", error=str(e))
+            self._config_unchecked = True
+            return False
+        check_managed_partitions(cfg, nodes)
+        self._config_unchecked = False
+        return True
+
     def reload(self) -> None:
         from slurm_elastic.policies import get_policy
 
         try:
             cfg = load_config(self.config_path)
+            if not self._check_config(cfg, quiet=True) and cfg.partitions != self.config.partitions:
+                raise ConfigError("Slurm cannot be read to check the new managed partitions")
         except Exception as e:
             event(logging.ERROR, "reload failed; keeping the old configuration", error=str(e))
             return
@@ -488,6 +558,15 @@ class Daemon:
         self.watchdog.progress(f"cycle {self.cycle_no}")
         t0 = time.perf_counter()
         self.metrics.inc("slurm_elastic_cycles_total")
+        if self._config_unchecked:
+            try:
+                if not self._check_config(cfg, quiet=True):
+                    return self._skip_cycle(SlurmError("cannot read Slurm's nodes to check the managed partitions"))
+            except ConfigError as e:
+                event(logging.CRITICAL, "configuration refused; the daemon stops", error=str(e))
+                self._stop_asked = True
+                self.stop_event.set()
+                return None
         if not self.dry_run and self.enactor is not None:
             # Finish acknowledged resizes *before* the cycle's read, so that the read shows their result.
             try:
@@ -500,12 +579,15 @@ class Daemon:
             return self._skip_cycle(e)
         self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
+        if self._lease_refuses(records):
+            return None
         if not self.dry_run and reconcile(self.db, self.backend, self.enactor, self.journal):
             try:  # reconcile acted: read again rather than plan on what it changed
                 records = self.backend.list_jobs()
             except SlurmError as e:
                 return self._skip_cycle(e)
             self.records = {j.job_id: j for j in records}
+        left_alone = self._oversee(records)
         now = self.clock()
         wall = time.time()
         for r in records:
@@ -519,6 +601,7 @@ class Daemon:
                 planner_config=pl.PlannerConfig(cooldown_s=cfg.cooldown_s, max_in_flight=cfg.max_in_flight,
                                                 allow_preemption=cfg.allow_preemption),
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
+                left_alone=left_alone,
             )
         except SlurmError as e:
             return self._skip_cycle(e)
@@ -538,6 +621,33 @@ class Daemon:
         except Exception as e:  # a bug or an odd file system must not stop the cycle for the others
             log.exception("cannot vet this job", extra={"kv": {"job": job.job_id, "error": str(e)}})
             raise SpecError(f"cannot read the job's files: {e}", job_id=job.job_id, field="ckpt_dir") from None
+    def _oversee(self, records) -> dict[int, str]:
+        """Yield to operators (daemon/oversight.py): returns the jobs to leave alone this cycle."""
+        from slurm_elastic.daemon.oversight import review
+
+        if self.db is None:
+            return {}
+        r = review(records, self.db.held_marks(), self._was_elastic,
+                   open_intents={i["job_id"] for i in self.db.open_intents()},
+                   in_flight=set(self.enactor.in_flight) if self.enactor else ())
+        for jid, note in r.notes.items():
+            if self._notes.get(jid) != note:
+                event(logging.WARNING, "job changed outside the daemon", job=jid, detail=note)
+        self._notes = dict(r.notes)
+        if self.dry_run:
+            return r.left_alone
+        for jid in r.forget:
+            self.db.unmark_held(jid)
+        for jid, why in r.release.items():
+            try:
+                self.backend.release(jid)
+                self.db.unmark_held(jid)
+                event(logging.WARNING, "released a job the daemon held", job=jid, reason=why)
+            except SlurmError as e:
+                self.metrics.inc("slurm_elastic_errors_total", kind="action")
+                event(logging.ERROR, "cannot release a job that is no longer elastic; will retry", job=jid,
+                      error=str(e))
+        return r.left_alone
 
     def _skip_cycle(self, e: SlurmError) -> None:
         """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""
@@ -552,6 +662,13 @@ class Daemon:
         for jid, err in snap.errors.items():
             self.metrics.inc("slurm_elastic_errors_total", kind="spec")
             event(logging.WARNING, "bad elastic spec; job not managed", job=jid, error=str(err))
+        for jid, why in snap.unmanaged.items():
+            if self._left.get(jid) != why:
+                event(logging.WARNING, "elastic job left alone", job=jid, reason=why)
+        for jid in snap.records:
+            if jid in self._left:
+                event(logging.INFO, "elastic job managed again", job=jid, was=self._left[jid])
+        self._left = dict(snap.unmanaged)
         self.metrics.set("slurm_elastic_cycle_seconds", elapsed)
         self.metrics.set("slurm_elastic_solve_seconds", result.allocation.solve_s)
         self.metrics.set("slurm_elastic_gpus_available", snap.capacity)
@@ -619,7 +736,10 @@ class Daemon:
                                     for j, src in self.models.sources.items()})
         for jid, err in snap.errors.items():
             rows.append({"job_id": jid, "reason": f"bad spec: {err}"})
+        for jid, why in snap.unmanaged.items():
+            rows.append({"job_id": jid, "reason": f"left alone: {why}"})
         self.db.save_job_views(rows)
+        self._was_elastic = {r["job_id"] for r in rows}
         self.db.forget_jobs({j.job_id for j in records})
         self.db.set_meta("last_cycle", {"ts": time.time(), "cycle": self.cycle_no, "seconds": elapsed,
                                         "policy": self.config.policy, "capacity": snap.capacity})

@@ -8,6 +8,8 @@ Tables:
 - ``decisions``: the decision log, one row per action result (done, begun, timeout, error) and per
   job whose spec was rejected, with the reason;
 - ``books``: per-job bookkeeping the planner needs across restarts (last change, rescales, decision seq);
+- ``holds``: the daemon's own holds (``requeuehold``/``hold``), with the restart count the job has
+  after them, so that an operator's hold is told apart and never released (:mod:`.oversight`);
 - ``jobs``: the last cycle's view of each elastic job (GPUs, batch, samples/s, efficiency, reason), which
   ``slurm-elastic status`` shows.
 
@@ -75,6 +77,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     restart_s REAL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS holds (
+    job_id INTEGER PRIMARY KEY,
+    restart_count INTEGER NOT NULL,
+    ts REAL NOT NULL
+);
 """
 
 
@@ -182,6 +189,18 @@ class StateDB:
     def open_intents(self) -> list[dict]:
         rows = self.conn.execute("SELECT * FROM intents ORDER BY created").fetchall()
         return [dict(r) for r in rows]
+
+    # ----- the daemon's own holds ----------------------------------------------------------------
+    def mark_held(self, job_id: int, restart_count: int) -> None:
+        self.conn.execute("INSERT INTO holds(job_id, restart_count, ts) VALUES (?, ?, ?) ON CONFLICT(job_id) "
+                          "DO UPDATE SET restart_count=excluded.restart_count, ts=excluded.ts",
+                          (int(job_id), int(restart_count), time.time()))
+
+    def unmark_held(self, job_id: int) -> None:
+        self.conn.execute("DELETE FROM holds WHERE job_id = ?", (int(job_id),))
+
+    def held_marks(self) -> dict[int, int]:
+        return {r[0]: r[1] for r in self.conn.execute("SELECT job_id, restart_count FROM holds").fetchall()}
 
     # ----- decision log ------------------------------------------------------------------------
     def log_decision(self, cycle: int, job_id: int, action: str, status: str, *, gpus_from=None, gpus_to=None,
