@@ -37,6 +37,7 @@ class DaemonConfig:
     metrics_port: int = 9788
     slurm_bin: str = "/usr/bin"  # where squeue/scontrol/sinfo/scancel live
     slurm_timeout_s: float = 30.0  # per Slurm command
+    backend: str = "cli"  # cli | pyslurm | auto (pyslurm if it imports and matches Slurm's version)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:
@@ -49,6 +50,7 @@ class DaemonConfig:
 DEFAULTS = DaemonConfig()
 _POLICIES = ("dp", "fixed-batch", "static")
 _LEVELS = ("debug", "info", "warning", "error")
+_BACKENDS = ("auto", "cli", "pyslurm")
 
 
 def load_config(path: str | Path | None = None, *, must_exist: bool = False, overrides: dict | None = None) -> DaemonConfig:
@@ -98,6 +100,8 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
     cfg = DaemonConfig(**values)
     if cfg.policy not in _POLICIES:
         raise ConfigError(f"{source}: policy must be one of {', '.join(_POLICIES)}, got {cfg.policy!r}")
+    if cfg.backend not in _BACKENDS:
+        raise ConfigError(f"{source}: backend must be one of {', '.join(_BACKENDS)}, got {cfg.backend!r}")
     if cfg.log_level.lower() not in _LEVELS:
         raise ConfigError(f"{source}: log_level must be one of {', '.join(_LEVELS)}, got {cfg.log_level!r}")
     if cfg.poll_interval_s < 1:
