@@ -102,7 +102,7 @@ for stamp in "$CHROOTS"/*.stamp; do
   if [ "$have" != "$ver" ]; then
     whl=$(cached_wheel "$key")
     rm -rf "$work"; mkdir -p "$work"; cp "$whl" "$work/"
-    chroot "$root" python3 -m pip install -q --no-index --no-deps --force-reinstall --break-system-packages \
+    chroot "$root" python3 -m pip install -q --no-index --no-deps --force-reinstall --break-system-packages --root-user-action=ignore \
       "/tmp/slurm-elastic-pyslurm/$(basename "$whl")"
   fi
   rm -rf "$work"

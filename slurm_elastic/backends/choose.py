@@ -21,7 +21,7 @@ from slurm_elastic.backends.cli import CliBackend
 BACKENDS = ("auto", "cli", "pyslurm")
 log = logging.getLogger("slurm_elastic.daemon")
 
-_PROBE = "import pyslurm, sys; sys.stdout.write(pyslurm.version())"
+_PROBE = "import pyslurm, sys; sys.stdout.write(pyslurm.__version__)"
 
 
 def probe_pyslurm(timeout: float = 60.0, python: str = sys.executable) -> tuple[str | None, str]:

@@ -211,7 +211,7 @@ class PyslurmBackend(SlurmBackend):
         return self.cli.version()
 
     def pyslurm_version(self) -> str:
-        return str(self.pyslurm.version())
+        return str(self.pyslurm.__version__)
 
     # ----- reads --------------------------------------------------------------------------------
     def list_jobs(self, include_finished: bool = False) -> list[JobRecord]:
