@@ -172,9 +172,11 @@ class PyslurmBackend(SlurmBackend):
     """Talks to the slurmctld of this process's ``SLURM_CONF`` through pyslurm (imported on first use).
 
     Retry rules are the CLI backend's: an RPC error that Slurm reports as transient (socket timeout,
-    controller unreachable) is retried ``retries`` times with a growing delay and then raised as
-    :class:`SlurmTimeout`; any other error is raised at once as :class:`SlurmError`; requeue-hold is
-    never retried. ``cli`` serves the calls pyslurm cannot make (see the module docstring).
+    zero bytes, connection refused) is retried ``retries`` times with a growing delay and then raised
+    as :class:`SlurmTimeout`; any other error is raised at once as :class:`SlurmError`; requeue-hold
+    is never retried. One difference: no call can be cut by ``slurm_timeout_s`` (libslurm holds the
+    GIL), and "Unable to contact slurm controller" comes only after libslurm retried the connection
+    for MessageTimeout seconds, so it is raised as :class:`SlurmTimeout` at once (the cycle is skipped). ``cli`` serves the calls pyslurm cannot make (see the module docstring).
     """
 
     def __init__(self, *, cli: CliBackend | None = None, retries: int = 3, retry_delay: float = 1.0,
@@ -199,6 +201,12 @@ class PyslurmBackend(SlurmBackend):
                 errno = getattr(e, "errno", None)
                 msg = str(getattr(e, "msg", None) or e)
                 argv = ["pyslurm", what]
+                if "unable to contact slurm controller" in msg.lower():
+                    # libslurm has already retried the connection for MessageTimeout seconds inside
+                    # this call (the GIL held; no timeout of ours can cut it): retrying again would
+                    # hold a cycle for minutes while slurmctld is down.
+                    raise SlurmTimeout(f"pyslurm {what}: slurmctld unreachable", argv=argv, returncode=errno,
+                                       stderr=msg) from e
                 if TRANSIENT_ERRORS.search(msg) or "timed out" in msg.lower():
                     last = SlurmTimeout(f"pyslurm {what} failed transiently", argv=argv, returncode=errno,
                                         stderr=msg)

@@ -81,9 +81,14 @@ class FakePyslurm:
 
 
 def test_transient_rpc_errors_are_retried_then_typed():
-    fake = FakePyslurm([FakeError(1, "Unable to contact slurm controller (connect failure)")])
+    fake = FakePyslurm([FakeError(1, "Zero Bytes were transmitted or received")])
     b = PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0)
     assert [j.job_id for j in b.list_jobs()] == [7] and fake.calls == 2
+    # libslurm already retried the connection for MessageTimeout seconds: no second round.
+    fake = FakePyslurm([FakeError(1, "Unable to contact slurm controller (connect failure)")])
+    with pytest.raises(SlurmTimeout, match="unreachable"):
+        PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
+    assert fake.calls == 1
     fake = FakePyslurm([FakeError(1, "Socket timed out on send/recv operation")] * 4)
     with pytest.raises(SlurmTimeout, match="transiently"):
         PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
