@@ -32,7 +32,7 @@ def probe_pyslurm(timeout: float = 60.0, python: str = sys.executable) -> tuple[
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"probing 'import pyslurm' failed: {e}"
     if r.returncode != 0:
-        tail = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
+        tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
         return None, f"'import pyslurm' fails: {tail[:300]}"
     return r.stdout.strip(), ""
 

@@ -144,3 +144,12 @@ def test_worker_protocol_round_trips_records_and_typed_errors():
     assert isinstance(_decode(answers[0]["ok"])[0], JobRecord)
     assert answers[1]["error"]["type"] == "SlurmTimeout" and answers[1]["error"]["stderr"] == "Socket timed out"
     assert answers[2]["error"]["type"] == "ValueError"
+
+
+def test_config_backend_key():
+    from slurm_elastic.daemon.config import ConfigError, config_from_dict
+
+    assert config_from_dict({}).backend == "cli"
+    assert config_from_dict({"backend": "auto"}).backend == "auto"
+    with pytest.raises(ConfigError, match="backend must be one of auto, cli, pyslurm"):
+        config_from_dict({"backend": "grpc"})
