@@ -50,4 +50,7 @@ if [ "${SLURM_ELASTIC_CHROOT:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     other+=", $(.venv/bin/slurm-elastic cluster prepare --slurm "$rel" --json | .venv/bin/python -c 'import json,sys; d=json.load(sys.stdin); print(d["slurm"] + " in " + d["path"])')"
   done
 fi
+# pyslurm for the host's Slurm (into .venv) and each chroot's (into its python3), from the release
+# tarballs in ../shared/vendor/pyslurm; wheels cached in /var/cache/slurm-elastic/pyslurm-wheels.
+bash scripts/build_pyslurm.sh
 echo "setup: ok ($(.venv/bin/python --version), $(/usr/sbin/slurmctld -V)${other})"

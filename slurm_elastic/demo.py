@@ -93,8 +93,9 @@ def _sbatch(cluster, job: DemoJob, work: Path, python: str) -> int:
     return job.job_id
 
 
-def write_daemon_config(path: Path, state_dir: Path, metrics_port: int) -> None:
+def write_daemon_config(path: Path, state_dir: Path, metrics_port: int, backend: str = "cli") -> None:
     path.write_text("\n".join([
+        f'backend = "{backend}"',
         f'state_dir = "{state_dir}"',
         "poll_interval_s = 2",
         "cooldown_s = 8",
@@ -108,8 +109,8 @@ def write_daemon_config(path: Path, state_dir: Path, metrics_port: int) -> None:
 
 
 def run(cluster, work: Path, *, python: str = sys.executable, step_delay: float = 0.15, live: bool = False,
-        timeout_s: float = 600) -> DemoResult:
-    """Run the scenario on ``cluster`` (a LocalCluster that is up); returns what happened."""
+        timeout_s: float = 600, backend: str = "cli") -> DemoResult:
+    """Run the scenario on ``cluster`` (a LocalCluster that is up) with the daemon on ``backend``."""
     from slurm_elastic.cluster import find_free_port_block
     from slurm_elastic.daemon.state import StateDB
 
@@ -117,7 +118,7 @@ def run(cluster, work: Path, *, python: str = sys.executable, step_delay: float 
     os.chmod(work, 0o755)
     state_dir = work / "daemon-state"
     cfg = work / "elastic.toml"
-    write_daemon_config(cfg, state_dir, find_free_port_block(1, start=29000))
+    write_daemon_config(cfg, state_dir, find_free_port_block(1, start=29000), backend)
     daemon_log = open(work / "daemon.log", "wb")
     env = dict(cluster.env)
     daemon = subprocess.Popen([python, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg)], env=env,

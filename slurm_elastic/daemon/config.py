@@ -40,6 +40,7 @@ class DaemonConfig:
     max_weight: float = 10.0  # site maximum of a spec's weight; a job asking more is refused (bad spec)
     watchdog_s: float = 600.0  # a cycle (or a stop) stuck this long ends the process (systemd restarts it); 0 = off
     lease_ttl_s: float = 90.0  # one daemon per cluster (daemon/lease.py); at least 3 polls; 0 = no lease
+    backend: str = "cli"  # cli | pyslurm | auto (pyslurm if it imports and matches Slurm's version)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:
@@ -52,6 +53,7 @@ class DaemonConfig:
 DEFAULTS = DaemonConfig()
 _POLICIES = ("dp", "fixed-batch", "static")
 _LEVELS = ("debug", "info", "warning", "error")
+_BACKENDS = ("auto", "cli", "pyslurm")
 
 
 def load_config(path: str | Path | None = None, *, must_exist: bool = False, overrides: dict | None = None) -> DaemonConfig:
@@ -101,6 +103,8 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
     cfg = DaemonConfig(**values)
     if cfg.policy not in _POLICIES:
         raise ConfigError(f"{source}: policy must be one of {', '.join(_POLICIES)}, got {cfg.policy!r}")
+    if cfg.backend not in _BACKENDS:
+        raise ConfigError(f"{source}: backend must be one of {', '.join(_BACKENDS)}, got {cfg.backend!r}")
     if cfg.log_level.lower() not in _LEVELS:
         raise ConfigError(f"{source}: log_level must be one of {', '.join(_LEVELS)}, got {cfg.log_level!r}")
     if cfg.poll_interval_s < 1:

@@ -384,13 +384,13 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig, backend: SlurmBackend | None = None, *, config_path=None,
                  dry_run: bool = False, ack=None, clock=time.monotonic):
-        from slurm_elastic.backends.cli import CliBackend
+        from slurm_elastic.backends.choose import make_backend
         from slurm_elastic.policies import get_policy
 
         self.config = config
         self.config_path = config_path
         self.dry_run = dry_run
-        self.backend = backend or CliBackend(bin_dir=config.slurm_bin, timeout=config.slurm_timeout_s)
+        self.backend = backend or make_backend(config)
         self.metrics = Metrics()
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
