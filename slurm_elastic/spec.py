@@ -65,6 +65,11 @@ class SpecError(ValueError):
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
 
+def _num(v: float) -> str:
+    """Shortest text that parses back to the same float (``:g`` rounds to 6 digits: 112300.1 -> 112300)."""
+    return repr(float(v)).removesuffix(".0")
+
+
 @dataclass(frozen=True)
 class ThroughputPoint:
     """One measured (or declared) operating point: ``gpus`` GPUs at global ``batch`` gave ``samples_per_s``."""
@@ -166,12 +171,12 @@ class ElasticSpec:
             v = getattr(self, f.name)
             if f.name == "points":
                 if v:
-                    parts.append("points=" + "|".join(f"{p.gpus}x{p.batch}@{p.samples_per_s:g}" for p in v))
+                    parts.append("points=" + "|".join(f"{p.gpus}x{p.batch}@{_num(p.samples_per_s)}" for p in v))
                 continue
             if v is None or v == f.default:
                 if f.name not in _REQUIRED:
                     continue
-            parts.append(f"{f.name}={v:g}" if isinstance(v, float) else f"{f.name}={v}")
+            parts.append(f"{f.name}={_num(v)}" if isinstance(v, float) else f"{f.name}={v}")
         return SPEC_PREFIX + ",".join(parts)
 
 
