@@ -120,6 +120,7 @@ class ElasticJob:
         env: Mapping[str, str] | None = None,
         job_record: JobRecordText | None = None,
         checkpoint_progress: Callable[[int], None] | None = None,
+        clip_grad_norm: float | None = None,
         verbose: bool = True,
     ):
         self.env = dict(os.environ if env is None else env)
@@ -140,6 +141,7 @@ class ElasticJob:
         self.timeout_s = float(timeout_s)
         self.job_record = job_record
         self.checkpoint_progress = checkpoint_progress
+        self.clip_grad_norm = clip_grad_norm
         self.verbose = verbose
         from . import IMPORTED_AT
 
@@ -404,6 +406,26 @@ class ElasticJob:
             self.epoch += 1
             self.offset = 0
 
+    def batch_sampler(self, dataset_size: int, epochs: int, *, shuffle: bool = True):
+        """A ``batch_sampler`` for a map-style ``DataLoader``; iterate the loader with :meth:`batches`."""
+        from .data import ElasticBatchSampler
+
+        return ElasticBatchSampler(self, dataset_size, epochs, shuffle=shuffle)
+
+    def iterable(self, stream, epochs: int, *, size: int | None = None, collate_fn=None):
+        """Wrap an iterable dataset for ``DataLoader(..., batch_size=None)``; iterate with :meth:`batches`."""
+        from .data import ElasticIterableDataset
+
+        return ElasticIterableDataset(self, stream, epochs, size=size, collate_fn=collate_fn)
+
+    def batches(self, loader) -> Iterator:
+        """The loader's micro-batches, with mean-loss gradient scaling, accumulation and stop handling
+        done by the library: the loop body is ``loss = criterion(ddp(x), y); loss.backward();
+        opt.step(); opt.zero_grad()`` (see :mod:`.data`)."""
+        from .data import elastic_batches
+
+        return elastic_batches(self, loader)
+
     def _agree(self, flag_t: torch.Tensor) -> tuple[bool, bool]:
         due = False
         if self.rank == 0:
@@ -417,8 +439,14 @@ class ElasticJob:
         dist.all_reduce(flag_t, op=dist.ReduceOp.MAX)
         return bool(flag_t[0].item()), bool(flag_t[1].item())
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, step_fn: Callable[[], Any] | None = None) -> None:
+        """The real optimizer step: gradient clipping on the whole step's gradient, lr factor, step."""
         opt = self.optimizer
+        if self.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
         f = self.lr.factor(self.samples_seen)
         if self.lr_schedule is not None:
             f *= float(self.lr_schedule(self.samples_seen))
@@ -426,7 +454,9 @@ class ElasticJob:
         for g in opt.param_groups:
             g["lr"] = g["lr"] * f
         try:
-            if self.scaler is not None:
+            if step_fn is not None:
+                step_fn()
+            elif self.scaler is not None:
                 self.scaler.step(opt)
                 self.scaler.update()
             else:
