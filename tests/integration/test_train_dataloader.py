@@ -19,10 +19,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_train_ddp import Harness, max_param_diff, reference  # noqa: E402,F401 - the fixture is reused
+
 from slurm_elastic.spec import Decision  # noqa: E402
 from slurm_elastic.train.protocol import EXIT_CHECKPOINTED  # noqa: E402
-
-from test_train_ddp import Harness, max_param_diff, reference  # noqa: E402,F401 - the fixture is reused
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -165,7 +165,7 @@ def test_dataloader_workers_exactly_once_across_resizes_with_batch_changes(tmp_p
     print(f"{mode}: {len(batches)} steps over worlds 1 -> 2 -> 3, batches {sorted({b for _w, b in batches})}")
 
 
-def test_dataloader_mean_loss_matches_uninterrupted_sum_loss_run(tmp_path, reference):
+def test_dataloader_mean_loss_matches_uninterrupted_sum_loss_run(tmp_path, reference):  # noqa: F811
     """At the reference's global batch 48: 2 ranks -> 3 ranks x 8 x 2 accum -> 1 rank x 24 x 2 accum."""
     h = LoaderHarness(tmp_path)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
