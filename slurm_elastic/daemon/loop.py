@@ -367,6 +367,8 @@ class Daemon:
                 self.enactor.poll()
             except SlurmError as e:
                 event(logging.ERROR, "cannot poll in-flight resizes", error=str(e))
+        if not self.dry_run and self.db is not None:
+            self._crash_policy()
         try:
             records = self.backend.list_jobs()
         except SlurmError as e:
@@ -395,6 +397,19 @@ class Daemon:
         elapsed = time.perf_counter() - t0
         self._after_cycle(result, records, elapsed)
         return result
+
+    def _crash_policy(self) -> None:
+        """Requeue failed jobs that have failures left (``max_failures=`` in their spec; daemon/crash.py)."""
+        from slurm_elastic.daemon.crash import apply_crash_policy
+
+        try:
+            finished = self.backend.list_jobs(include_finished=True)
+        except TypeError:  # a backend that does not list finished jobs (simulator, stand-ins)
+            return
+        except SlurmError as e:
+            event(logging.ERROR, "crash policy skipped: cannot read finished jobs", error=str(e))
+            return
+        apply_crash_policy(finished, self.backend, self.db, event, self.cycle_no)
 
     def _skip_cycle(self, e: SlurmError) -> None:
         """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""

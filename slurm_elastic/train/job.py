@@ -47,6 +47,7 @@ from . import protocol
 from .assignment import Assignment, resolve_assignment
 from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
+from .lock import acquire_rank0_lock, release_rank0_lock
 from .lr import LRScaler
 from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
 from .signals import install_stop_handler
@@ -121,6 +122,7 @@ class ElasticJob:
         job_record: JobRecordText | None = None,
         checkpoint_progress: Callable[[int], None] | None = None,
         clip_grad_norm: float | None = None,
+        lock_wait_s: float = 10.0,
         verbose: bool = True,
     ):
         self.env = dict(os.environ if env is None else env)
@@ -177,6 +179,8 @@ class ElasticJob:
         self._last_ckpt_time = time.time()
         self._lr_state: dict | None = None
         self._requested_batch: int | None = None
+        self._lock_fd: int | None = None
+        self.lock_wait_s = lock_wait_s
 
     # ---------------------------------------------------------------- setup
     @property
@@ -199,6 +203,9 @@ class ElasticJob:
     def setup(self) -> Assignment:
         """Init the process group, then agree on this start's batch assignment (read by rank 0)."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0 and self._lock_fd is None:
+            self._lock_fd = acquire_rank0_lock(self.ckpt_dir, wait_s=self.lock_wait_s,
+                                               what=f"{self.senv.job_id or 'local'} via {self.senv.launcher}")
         self.ctx = init_distributed(self.senv, rdzv_dir=self.ckpt_dir / "rendezvous", timeout_s=self.timeout_s,
                                     env=self.env, started_at=self._started_at)
         store = self.ctx.store
@@ -533,6 +540,8 @@ class ElasticJob:
                 with contextlib.suppress(OSError):
                     self.ctx.rdzv_file.unlink()
             dist.destroy_process_group()
+        release_rank0_lock(self._lock_fd)
+        self._lock_fd = None
 
     # ---------------------------------------------------------------- helpers
     def fetch(self, dataset, indices: torch.Tensor):
