@@ -148,8 +148,12 @@ class ElasticJob:
         from . import IMPORTED_AT
 
         self._started_at = IMPORTED_AT
-        self.flag = install_stop_handler(stop_signals)
         self.senv = SlurmEnv.from_environ(self.env)
+        if self.senv.job_id is None:
+            # Not under Slurm (a laptop, torchrun): Ctrl-C and SIGTERM are stop requests too, so the
+            # work since the last checkpoint is kept; a second Ctrl-C aborts.
+            stop_signals = (*stop_signals, "INT", "TERM")
+        self.flag = install_stop_handler(stop_signals)
         if self.senv.job_id is not None:
             self.flag.watch_file(protocol.stop_request_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count))
         self.ctx: DistContext | None = None
@@ -513,7 +517,10 @@ class ElasticJob:
             if self.senv.job_id is not None:
                 protocol.atomic_write_json(
                     protocol.ack_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count), ack)
-            self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
+                self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
+            else:
+                self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}. Run the same "
+                         "command again (same checkpoint directory) to continue from here")
         dist.barrier()
         self._teardown()
         sys.stdout.flush()

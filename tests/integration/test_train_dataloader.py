@@ -11,7 +11,12 @@ and the library-side accumulation are right).
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -45,12 +50,16 @@ LOADER_WORKER = textwrap.dedent(
     p.add_argument("--opt", default="sgd")
     p.add_argument("--signal-after", type=int, default=-1)
     p.add_argument("--signal-rank", type=int, default=0)
+    p.add_argument("--batch", type=int, default=None)  # without Slurm (torchrun): the global batch
+    p.add_argument("--max-local-batch", type=int, default=None)
+    p.add_argument("--attempt", type=int, default=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
     a = p.parse_args()
-    rank = int(os.environ["SLURM_PROCID"])
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    restart = a.attempt
     sched = (lambda s: 1.0 / (1.0 + s / 500.0)) if a.opt == "adamw" else None
-    job = ElasticJob(a.ckpt_dir, seed=7, timeout_s=90, throughput_warmup_steps=1,
+    job = ElasticJob(a.ckpt_dir, seed=7, timeout_s=90, throughput_warmup_steps=1, default_batch=a.batch,
+                     max_local_batch=a.max_local_batch,
                      lr_scaling="sqrt" if a.opt == "adamw" else "none", base_batch=24, lr_schedule=sched)
+    rank = job.rank
     job.setup()
     g = torch.Generator().manual_seed(1234)
     X = torch.randn(a.n, 8, generator=g)
@@ -100,6 +109,7 @@ LOADER_WORKER = textwrap.dedent(
     job.finish()
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(a.out_dir, "final.pt"))
+        print(f"world {job.world_size} launcher {job.senv.launcher} finished", flush=True)
     '''
 )
 
@@ -186,3 +196,70 @@ def test_dataloader_mean_loss_matches_uninterrupted_sum_loss_run(tmp_path, refer
     print(f"DataLoader mean loss 2 -> 3 -> 1 ranks vs uninterrupted job.steps(): {diff:.2e} (moved {moved:.2f})")
     assert moved > 0.05
     assert diff <= 1e-5
+
+
+def _torchrun(h: LoaderHarness, nproc: int, start: int, *args: str, timeout: float = 240):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "MASTER_", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return subprocess.run([str(torchrun), "--standalone", f"--nproc-per-node={nproc}", str(h.worker),
+                           f"--attempt={start}", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_torchrun_launch_resized_matches_uninterrupted_run(tmp_path, reference):  # noqa: F811
+    """torchrun --nproc_per_node 2 -> 3 -> 1 at global batch 48, stopped by a USR2 on one worker each time:
+    one world per start (not N copies of rank 0 of 1), exactly once, equal to the uninterrupted run."""
+    h = LoaderHarness(tmp_path)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    common = ("--ckpt-dir", str(ckpt), "--out-dir", str(out), "--batch", "48", "--max-local-batch", "8")
+    starts = [(2, 1, 1), (3, 2, 2), (1, -1, 0)]  # (processes, steps before the signal, signalling rank)
+    for start, (nproc, after, sig_rank) in enumerate(starts):
+        r = _torchrun(h, nproc, start, *common, "--signal-after", str(after), "--signal-rank", str(sig_rank))
+        if after >= 0:
+            # The workers exit 75 (checkpointed); torchrun reports that as a failed worker group.
+            assert r.returncode != 0 and "exitcode  : 75" in r.stdout + r.stderr, r.stdout + r.stderr
+            assert f"world size {nproc} on" in r.stdout, r.stdout + r.stderr
+        else:
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "world 1 launcher torchrun finished" in r.stdout
+        steps = {len(rows) for rows in read_rows(out, start, nproc)}
+        assert len(steps) == 1
+    per_epoch: dict[int, Counter] = {0: Counter(), 1: Counter()}
+    for start, (nproc, *_r) in enumerate(starts):
+        for rows in zip(*read_rows(out, start, nproc), strict=True):
+            per_epoch[rows[0][0]].update(i for row in rows for i in row[4])
+            assert sum(len(row[4]) for row in rows) in (48, 200 - 4 * 48)
+    for e, counts in per_epoch.items():
+        assert sorted(counts) == list(range(200)) and max(counts.values()) == 1, f"epoch {e}"
+    diff = max_param_diff(torch.load(out / "final.pt"), reference["final"])
+    print(f"torchrun 2 -> 3 -> 1 processes vs uninterrupted: {diff:.2e}")
+    assert diff <= 1e-5
+
+
+def test_two_rank0_processes_on_one_checkpoint_dir_fail_loudly(tmp_path):
+    """What `torchrun --nproc_per_node 2` did before: two processes, each 'rank 0 of 1', one checkpoint dir."""
+    h = LoaderHarness(tmp_path)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    args = [sys.executable, str(h.worker), "--ckpt-dir", str(ckpt), "--out-dir", str(out), "--batch", "24",
+            "--epochs", "200", "--n", "2000"]
+    first = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out / "seen.s0.r0.txt").exists():
+            assert time.time() < deadline and first.poll() is None, first.communicate()[0]
+            time.sleep(0.2)
+        second = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        first.send_signal(signal.SIGTERM)  # outside Slurm SIGTERM is a stop request: checkpoint, exit 75
+        text = first.communicate(timeout=120)[0]
+    assert second.returncode != 0
+    assert "another process is already rank 0 for this checkpoint directory" in second.stderr, second.stderr
+    assert first.returncode == EXIT_CHECKPOINTED, text
+    assert "checkpointing after the current step" in text and "Run the same command again" in text
