@@ -26,7 +26,8 @@ from slurm_elastic.train.protocol import EXIT_CHECKPOINTED, read_ack, read_done,
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = REPO / "sbatch_templates" / "elastic_ddp.sbatch"
+# The one-line template (slurm-elastic launch); the long bash one runs in the daemon demo (test_daemon_e2e).
+TEMPLATE = REPO / "sbatch_templates" / "elastic.sbatch"
 EXAMPLE = REPO / "examples" / "train_elastic_spiral.py"
 SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=24,max_batch=96,max_local_batch=24,batch=48,max_accum=2"
 N_PER_CLASS, EPOCHS, BATCH = 200, 3, 48
@@ -122,6 +123,9 @@ def test_template_stop_requeue_resize_release_resumes_exactly(slurm_cluster, job
     assert "global batch 48 = 6 x 8 x 1 accum (from decision)" in text
     assert "global batch 48 = 1 x 24 x 2 accum (from decision)" in text
     assert "USR2 received by the batch shell" in text
+    # Submitted without --hold on a cluster without the plugin: start 0 says so, the decided starts do not.
+    assert text.count("this start has no daemon decision") == 1
+    assert text.count("those lines are the resize, not a failure") == 2
     assert read_done(ckpt, jid)["samples_seen"] == EPOCHS * 3 * N_PER_CLASS
 
     # Exactly once: every sample of every epoch, over all starts and ranks; no step replayed or skipped.
