@@ -90,7 +90,9 @@ def _stop_and_resize(c, jid: int, restart: int, ckpt: Path, log: Path, *, batch_
     return ack
 
 
-def test_template_stop_requeue_resize_release_resumes_exactly(slurm_cluster, job_dir):
+@pytest.mark.parametrize("loader_workers", [0, 2], ids=["steps", "dataloader2"])
+def test_template_stop_requeue_resize_release_resumes_exactly(slurm_cluster, job_dir, loader_workers):
+    """``steps``: the library-owned loop; ``dataloader2``: a torch DataLoader with 2 workers, mean loss."""
     c = slurm_cluster
     ckpt, rec, log = job_dir / "ckpt", job_dir / "rec", job_dir / "job.out"
     export = ",".join([
@@ -98,7 +100,8 @@ def test_template_stop_requeue_resize_release_resumes_exactly(slurm_cluster, job
         "ELASTIC_REQUEUE_WAIT=300", "ELASTIC_SELF_REQUEUE=0", "OMP_NUM_THREADS=1",
     ])
     jid = c.sbatch([f"--export={export}", "-o", str(log), f"--comment={SPEC}", "--nodes=1", "--gres=gpu:2",
-                    str(TEMPLATE), *EXAMPLE_ARGS, "--record-samples", str(rec), "--step-delay", "0.15"], cwd=job_dir)
+                    str(TEMPLATE), *EXAMPLE_ARGS, "--record-samples", str(rec), "--step-delay", "0.15",
+                    "--loader-workers", str(loader_workers)], cwd=job_dir)
     t0 = time.monotonic()
     starts = [(0, 2), (1, 6), (2, 1)]  # (restart, world size)
     try:
@@ -159,5 +162,8 @@ def test_template_stop_requeue_resize_release_resumes_exactly(slurm_cluster, job
     ref_state = torch.load(ref / "checkpoint.pt")
     diff = max(float((state["model"][k] - ref_state["model"][k]).abs().max()) for k in ref_state["model"])
     print(f"e2e: max |param difference| (2 -> 2x3 -> 1 GPU) vs uninterrupted 1 process: {diff:.2e}")
-    print("e2e: " + [line for line in text.splitlines() if "spiral: test accuracy" in line][-1])
+    if not loader_workers:
+        print("e2e: " + [line for line in text.splitlines() if "spiral: test accuracy" in line][-1])
+    else:
+        assert "through a DataLoader with 2 workers" in text
     assert diff <= 1e-5
