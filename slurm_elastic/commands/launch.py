@@ -82,6 +82,10 @@ def launch(srun_bin, command):
         raise click.ClickException("launch runs inside a Slurm batch job (SLURM_JOB_ID is not set); "
                                    "outside Slurm run the script directly or with torchrun")
     restart = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    # Catch USR2 from the first moment (the default action would end the batch step); it is acted on
+    # once the checkpoint directory and the tasks exist.
+    early: list[int] = []
+    signal.signal(signal.SIGUSR2, lambda signum, frame: early.append(signum))
     from slurm_elastic.spec import SpecError, is_elastic_comment, parse_decision
     from slurm_elastic.train.protocol import ack_path, stop_request_path
     from slurm_elastic.train.slurm_env import JobRecordError, read_job_record
@@ -133,6 +137,8 @@ def launch(srun_bin, command):
 
     signal.signal(signal.SIGUSR2, on_usr2)
     proc.append(subprocess.Popen([srun_bin, *srun_args, *cmd]))
+    if early:
+        on_usr2(signal.SIGUSR2, None)
     rc = proc[0].wait()
     acked = ack_path(ckpt, job_id, restart).exists()
     say(f"start {restart}: training step ended with exit code {rc} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
