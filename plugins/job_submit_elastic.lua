@@ -178,6 +178,11 @@ function elastic_spec_error(comment)
           return fail(key, "expected a profile name ([A-Za-z0-9_.-]), got '" .. value .. "'")
         end
         s[key] = value
+      elseif key == "max_failures" then
+        if not string.find(value, "^[0-9][0-9]?[0-9]?$") or tonumber(value) > 100 then
+          return fail(key, "expected an integer 0..100, got '" .. value .. "'")
+        end
+        s[key] = tonumber(value)
       elseif key == "ckpt_dir" then
         local rest = string.gsub(value, "%%j", "")
         if not string.find(value, "^/[A-Za-z0-9_./%%+-]*$") or #value > 256 or string.find(rest, "%%")

@@ -74,7 +74,8 @@ def _elastic_jobs(work: Path, python: str, step_delay: float) -> list[DemoJob]:
     common = ["--n-per-class", "400", "--lr-scaling", "sqrt", "--step-delay", str(step_delay),
               "--checkpoint-every-s", "20"]
     return [
-        DemoJob("A", f"elastic:min_gpus=1,max_gpus=8,{base}", ["--epochs", "30", *common]),
+        # A trains through a torch DataLoader (2 workers, mean loss: job.batches), B and C with job.steps().
+        DemoJob("A", f"elastic:min_gpus=1,max_gpus=8,{base}", ["--epochs", "30", "--loader-workers", "2", *common]),
         DemoJob("B", f"elastic:min_gpus=2,max_gpus=4,{base}", ["--epochs", "6", *common]),
         DemoJob("C", f"elastic:min_gpus=2,max_gpus=4,{base}", ["--epochs", "6", *common]),
     ]

@@ -98,6 +98,7 @@ class ElasticSpec:
     weight: float = 1.0
     restart_s: float | None = None  # the user's estimate of checkpoint + restart time
     ckpt_dir: str | None = None  # where the job's checkpoints, stop acks and throughput reports go (%j = job id)
+    max_failures: int = 0  # crash policy: requeue from the last checkpoint after up to this many failures
 
     def checkpoint_dir(self, job_id: int | str, work_dir: str | None = None) -> str | None:
         """The job's checkpoint directory: ``ckpt_dir`` with ``%j`` replaced by the job id, else the
@@ -194,7 +195,8 @@ _INT_FIELDS = {
     "max_accum": MAX_ACCUM_LIMIT,
 }
 _FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
-_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir"}
+MAX_FAILURES_LIMIT = 100
+_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures"}
 _PATH_RE = re.compile(r"^/[A-Za-z0-9_./%+-]{0,255}$")
 
 
@@ -310,6 +312,11 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
             values[key] = _parse_int(value, key, job_id, _INT_FIELDS[key])
         elif key in _FLOAT_FIELDS:
             values[key] = _parse_float(value, key, job_id, _FLOAT_FIELDS[key])
+        elif key == "max_failures":
+            if not re.fullmatch(r"[0-9]{1,3}", value) or int(value) > MAX_FAILURES_LIMIT:
+                raise SpecError(f"expected an integer 0..{MAX_FAILURES_LIMIT}, got {value[:40]!r}",
+                                job_id=job_id, field=key)
+            values[key] = int(value)
         elif key == "ckpt_dir":
             if not _PATH_RE.match(value) or "/../" in value + "/" or "%" in value.replace("%j", ""):
                 raise SpecError(

@@ -160,6 +160,10 @@ class SlurmBackend(abc.ABC):
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         """Send a signal to a running job's steps (or only its batch shell), e.g. to ask for a checkpoint."""
 
+    def requeue_failed(self, job_id: int) -> None:
+        """Put a finished (failed) batch job back in the queue, held, so the daemon places it again."""
+        raise SlurmError(f"job {job_id}: this backend cannot requeue a finished job")
+
     def version(self) -> str:
         """The Slurm release this backend talks to, e.g. '22.05.8'."""
         return "unknown"

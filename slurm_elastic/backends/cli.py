@@ -162,6 +162,10 @@ class CliBackend(SlurmBackend):
         self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
         self.wait_requeued(job_id)
 
+    def requeue_failed(self, job_id: int) -> None:
+        # scontrol requeuehold also takes a finished batch job (until MinJobAge drops its record).
+        self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
+
     def wait_requeued(self, job_id: int, timeout: float = 120.0, poll: float = 0.2) -> JobRecord:
         """Wait until a requeued job has finished completing and is pending again.
 

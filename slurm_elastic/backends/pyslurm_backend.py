@@ -323,6 +323,10 @@ class PyslurmBackend(SlurmBackend):
         if start_now:
             self._modify(jid, "update StartTime of", begin_time=int(time.time()))
 
+    def requeue_failed(self, job_id: int) -> None:
+        """The crash policy's requeue of a FAILED job (daemon/crash.py): through the CLI, as rare as a crash."""
+        self.cli.requeue_failed(job_id)
+
     def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
         """The daemon's lease placeholder (daemon/lease.py): submitted through the CLI on every version
         (pyslurm has no held ``--wrap`` submission; one sbatch per daemon start is not on the hot path)."""

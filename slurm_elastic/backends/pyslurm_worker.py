@@ -36,7 +36,8 @@ from slurm_elastic.backends.base import (
 
 ERRORS = {c.__name__: c for c in (SlurmError, SlurmTimeout, SlurmParseError, JobNotRequeueable)}
 CALLS = ("list_jobs", "list_nodes", "get_job", "hold", "release", "requeue_hold", "update_job", "signal",
-         "version", "pyslurm_version", "submit_lease", "cancel_lease")
+         "version", "pyslurm_version", "submit_lease", "cancel_lease",
+         "requeue_failed")
 
 
 def _encode(value):
@@ -181,6 +182,9 @@ class PyslurmWorker(SlurmBackend):
 
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         self._call("signal", job_id, signal, batch_only=batch_only)
+
+    def requeue_failed(self, job_id: int) -> None:
+        self._call("requeue_failed", job_id)
 
     def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
         return self._call("submit_lease", name, partition, admin_comment)

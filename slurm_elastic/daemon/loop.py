@@ -573,6 +573,8 @@ class Daemon:
                 self.enactor.poll()
             except SlurmError as e:
                 event(logging.ERROR, "cannot poll in-flight resizes", error=str(e))
+        if not self.dry_run and self.db is not None:
+            self._crash_policy()
         try:
             records = self.backend.list_jobs()
         except SlurmError as e:
@@ -621,6 +623,7 @@ class Daemon:
         except Exception as e:  # a bug or an odd file system must not stop the cycle for the others
             log.exception("cannot vet this job", extra={"kv": {"job": job.job_id, "error": str(e)}})
             raise SpecError(f"cannot read the job's files: {e}", job_id=job.job_id, field="ckpt_dir") from None
+
     def _oversee(self, records) -> dict[int, str]:
         """Yield to operators (daemon/oversight.py): returns the jobs to leave alone this cycle."""
         from slurm_elastic.daemon.oversight import review
@@ -648,6 +651,19 @@ class Daemon:
                 event(logging.ERROR, "cannot release a job that is no longer elastic; will retry", job=jid,
                       error=str(e))
         return r.left_alone
+
+    def _crash_policy(self) -> None:
+        """Requeue failed jobs that have failures left (``max_failures=`` in their spec; daemon/crash.py)."""
+        from slurm_elastic.daemon.crash import apply_crash_policy
+
+        try:
+            finished = self.backend.list_jobs(include_finished=True)
+        except TypeError:  # a backend that does not list finished jobs (simulator, stand-ins)
+            return
+        except SlurmError as e:
+            event(logging.ERROR, "crash policy skipped: cannot read finished jobs", error=str(e))
+            return
+        apply_crash_policy(finished, self.backend, self.db, event, self.cycle_no)
 
     def _skip_cycle(self, e: SlurmError) -> None:
         """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""

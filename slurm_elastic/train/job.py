@@ -47,6 +47,7 @@ from . import protocol
 from .assignment import Assignment, resolve_assignment
 from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
+from .lock import acquire_rank0_lock, release_rank0_lock
 from .lr import LRScaler
 from .noise import GradientNoise
 from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
@@ -134,6 +135,8 @@ class ElasticJob:
         env: Mapping[str, str] | None = None,
         job_record: JobRecordText | None = None,
         checkpoint_progress: Callable[[int], None] | None = None,
+        clip_grad_norm: float | None = None,
+        lock_wait_s: float = 10.0,
         verbose: bool = True,
     ):
         self.env = dict(os.environ if env is None else env)
@@ -162,12 +165,17 @@ class ElasticJob:
         self.timeout_s = float(timeout_s)
         self.job_record = job_record
         self.checkpoint_progress = checkpoint_progress
+        self.clip_grad_norm = clip_grad_norm
         self.verbose = verbose
         from . import IMPORTED_AT
 
         self._started_at = IMPORTED_AT
-        self.flag = install_stop_handler(stop_signals)
         self.senv = SlurmEnv.from_environ(self.env)
+        if self.senv.job_id is None:
+            # Not under Slurm (a laptop, torchrun): Ctrl-C and SIGTERM are stop requests too, so the
+            # work since the last checkpoint is kept; a second Ctrl-C aborts.
+            stop_signals = (*stop_signals, "INT", "TERM")
+        self.flag = install_stop_handler(stop_signals)
         if self.senv.job_id is not None:
             self.flag.watch_file(protocol.stop_request_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count))
         self.ctx: DistContext | None = None
@@ -197,6 +205,8 @@ class ElasticJob:
         self._last_ckpt_time = time.time()
         self._lr_state: dict | None = None
         self._requested_batch: int | None = None
+        self._lock_fd: int | None = None
+        self.lock_wait_s = lock_wait_s
 
     # ---------------------------------------------------------------- setup
     @property
@@ -219,6 +229,9 @@ class ElasticJob:
     def setup(self) -> Assignment:
         """Init the process group, then agree on this start's batch assignment (read by rank 0)."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0 and self._lock_fd is None:
+            self._lock_fd = acquire_rank0_lock(self.ckpt_dir, wait_s=self.lock_wait_s,
+                                               what=f"{self.senv.job_id or 'local'} via {self.senv.launcher}")
         self.ctx = init_distributed(self.senv, rdzv_dir=self.ckpt_dir / "rendezvous", timeout_s=self.timeout_s,
                                     env=self.env, started_at=self._started_at)
         store = self.ctx.store
@@ -438,6 +451,26 @@ class ElasticJob:
             self.epoch += 1
             self.offset = 0
 
+    def batch_sampler(self, dataset_size: int, epochs: int, *, shuffle: bool = True):
+        """A ``batch_sampler`` for a map-style ``DataLoader``; iterate the loader with :meth:`batches`."""
+        from .data import ElasticBatchSampler
+
+        return ElasticBatchSampler(self, dataset_size, epochs, shuffle=shuffle)
+
+    def iterable(self, stream, epochs: int, *, size: int | None = None, collate_fn=None):
+        """Wrap an iterable dataset for ``DataLoader(..., batch_size=None)``; iterate with :meth:`batches`."""
+        from .data import ElasticIterableDataset
+
+        return ElasticIterableDataset(self, stream, epochs, size=size, collate_fn=collate_fn)
+
+    def batches(self, loader) -> Iterator:
+        """The loader's micro-batches, with mean-loss gradient scaling, accumulation and stop handling
+        done by the library: the loop body is ``loss = criterion(ddp(x), y); loss.backward();
+        opt.step(); opt.zero_grad()`` (see :mod:`.data`)."""
+        from .data import elastic_batches
+
+        return elastic_batches(self, loader)
+
     def _agree(self, flag_t: torch.Tensor) -> tuple[bool, bool]:
         due = False
         if self.rank == 0:
@@ -454,7 +487,9 @@ class ElasticJob:
     def _loss_scale(self) -> float:
         return float(self.scaler.get_scale()) if self.scaler is not None and self.scaler.is_enabled() else 1.0
 
-    def _optimizer_step(self, count: int | None = None) -> None:
+    def _optimizer_step(self, count: int | None = None, step_fn: Callable[[], Any] | None = None) -> None:
+        """The real optimizer step: the noise-scale measurement (on the unclipped gradient; ``count`` None
+        discards this step's), gradient clipping on the whole step's gradient, lr factor, step."""
         opt = self.optimizer
         if self.noise is not None:
             if count is None or not self.noise.active:
@@ -463,6 +498,11 @@ class ElasticJob:
                 params = [p for g in opt.param_groups for p in g["params"]]
                 self.noise.step(params, self.assignment.global_batch, count, self.device, self._loss_scale())
                 self.lr.noise_scale = self.noise.noise_scale
+        if self.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
         f = self.lr.factor(self.samples_seen)
         if self.lr_schedule is not None:
             f *= float(self.lr_schedule(self.samples_seen))
@@ -470,7 +510,9 @@ class ElasticJob:
         for g in opt.param_groups:
             g["lr"] = g["lr"] * f
         try:
-            if self.scaler is not None:
+            if step_fn is not None:
+                step_fn()
+            elif self.scaler is not None:
                 self.scaler.step(opt)
                 self.scaler.update()
             else:
@@ -541,7 +583,10 @@ class ElasticJob:
             if self.senv.job_id is not None:
                 protocol.atomic_write_json(
                     protocol.ack_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count), ack)
-            self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
+                self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
+            else:
+                self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}. Run the same "
+                         "command again (same checkpoint directory) to continue from here")
         dist.barrier()
         self._teardown()
         sys.stdout.flush()
@@ -568,6 +613,8 @@ class ElasticJob:
                 with contextlib.suppress(OSError):
                     self.ctx.rdzv_file.unlink()
             dist.destroy_process_group()
+        release_rank0_lock(self._lock_fd)
+        self._lock_fd = None
 
     # ---------------------------------------------------------------- helpers
     def fetch(self, dataset, indices: torch.Tensor):

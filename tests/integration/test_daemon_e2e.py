@@ -76,6 +76,11 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
         assert logs[j.name].count(f"job {j.job_id} start {len(resizes)} on") == 1, logs[j.name]
         assert f"job {j.job_id} start {len(resizes) + 1} on" not in logs[j.name]
 
+    # A (the DataLoader path) ran at the sizes and batches the daemon chose.
+    a_sizes = [(d["gpus_to"], d["batch"]) for d in by_job[a.job_id] if d["status"] == "done"]
+    print(f"job A (DataLoader, 2 workers): (gpus, batch) per start/resize: {a_sizes}")
+    assert "through a DataLoader with 2 workers" in logs["A"]
+
     # No job left behind: nothing of the scenario is still in the queue (held or otherwise).
     ids = {j.job_id for j in result.jobs} | {result.plain_job}
     assert not [j for j in slurm_cluster.backend.list_jobs() if j.job_id in ids]

@@ -65,6 +65,13 @@ EXAMPLES = [
     BASE + ",points=1x256@0|2x256@5",
     BASE + ",points=2000000x256@5",
     BASE + ",weight=1e0001",
+    BASE + ",max_failures=0",
+    BASE + ",max_failures=2",
+    BASE + ",max_failures=100",
+    BASE + ",max_failures=101",
+    BASE + ",max_failures=-1",
+    BASE + ",max_failures=0002",
+    BASE + ",max_failures=1.0",
 ]
 
 
@@ -74,7 +81,7 @@ def test_known_examples_agree():
 
 
 KEYS = ["min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch", "batch", "gpus", "weight",
-        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir"]
+        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir", "max_failures"]
 value = st.one_of(st.integers(0, 5000).map(str), st.sampled_from(["x", "1.5", "", "/t/%j", "cifar10", "2e3"]))
 spec_text = st.dictionaries(st.sampled_from(KEYS), value, min_size=3, max_size=9).map(
     lambda d: "elastic:" + ",".join(f"{k}={v}" for k, v in d.items()))
