@@ -138,11 +138,10 @@ HF_WORKER = textwrap.dedent(
 
     class Record(TrainerCallback):
         n_this = 0
-        def on_step_begin(self, args, state, control, **kw):
-            if self.n_this == a.signal_after and rank == a.signal_rank:
-                os.kill(os.getpid(), signal.SIGUSR2)
-            self.n_this += 1
         def on_pre_optimizer_step(self, args, state, control, **kw):
+            if self.n_this == a.signal_after and rank == a.signal_rank:
+                os.kill(os.getpid(), signal.SIGUSR2)  # one rank, in the middle of a step
+            self.n_this += 1
             self.factor = job.lr_factor
             if a.step_delay:
                 import time; time.sleep(a.step_delay)
@@ -154,8 +153,9 @@ HF_WORKER = textwrap.dedent(
             idx = inputs.pop("idx")
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             w = self.elastic_loop.micro_batches(self.elastic_loop.plan)[self.elastic_loop.micro][1]
-            if w > 0:
-                self._rows.append((idx.tolist(), float(loss.detach())))
+            if w > 0:  # HF's loss here is (token-loss sum / global tokens) x world: rescale to "mean x count"
+                lp = self.elastic_loop
+                self._rows.append((idx.tolist(), float(loss.detach()) * lp.plan.count / lp.job.world_size))
             return loss
         def training_step(self, model, inputs, num_items_in_batch=None):
             if self.elastic_loop.plan is None:  # the first micro-batch of a step
