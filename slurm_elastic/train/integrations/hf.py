@@ -80,9 +80,9 @@ class ElasticTrainer(Trainer):
         if targs.max_steps and targs.max_steps > 0:
             raise ValueError("max_steps is not supported by ElasticTrainer: give num_train_epochs (data epochs)")
         targs.per_device_train_batch_size = a.local_batch
+        # The Trainer accumulates itself (its accelerator keeps num_steps=1, which must stay so: accelerate
+        # would divide the loss by its own count once more).
         targs.gradient_accumulation_steps = a.accum
-        if self.accelerator.gradient_accumulation_steps != a.accum:
-            self.accelerator.gradient_accumulation_steps = a.accum
         self.add_callback(_ElasticHFCallback(self))
 
     # -------------------------------------------------------------- data
