@@ -4,7 +4,7 @@ variables srun would set and serves the job record (spec + daemon decision) thro
 the stop request is a real SIGUSR2 that one rank sends itself in the middle of a step.
 
 Per framework: (1) three starts at 1 -> 2 -> 3 ranks with global batches 24 -> 48 -> 36 (the last one
-with gradient accumulation and DataLoader workers): every sample of every epoch is used exactly once,
+with gradient accumulation), DataLoaders with 2 worker processes: every sample of every epoch is used exactly once,
 all ranks stop after the same step, the lr factor follows the sqrt rule of lr.py at each batch, and
 the optimizer's state (AdamW step count) spans all starts; (2) a run resized 1 -> 3 -> 2 ranks at a fixed
 global batch equals an uninterrupted 2-rank run: the loss of every step (1e-5) and the final weights
@@ -62,7 +62,7 @@ def test_exactly_once_lr_rule_and_optimizer_state_across_resizes(tmp_path, fw):
     out.mkdir()
     n, job = FRAMEWORKS[fw][2], 11
     common = ("--ckpt-dir", str(ckpt), "--out-dir", str(out), "--n", str(n), "--epochs", "2",
-              "--lr-scaling", "sqrt")
+              "--lr-scaling", "sqrt", "--num-workers", "2")
     plan = [
         (1, None, 2, 0),  # no decision: the spec's batch 24
         (2, Decision(gpus=2, nodes=1, batch=48, local_batch=24, accum=1, seq=1), 2, 1),  # crosses the epoch end

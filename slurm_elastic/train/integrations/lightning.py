@@ -16,8 +16,8 @@ shared hosts, see train/dist.py) and its DistributedSampler keeps per-rank posit
 world size changes. :class:`ElasticDDPStrategy` reuses the process group :class:`ElasticJob` set up and
 scales each micro-batch's loss in ``backward`` (exactly 1.0 unless an epoch's tail splits unevenly).
 :class:`ElasticCallback` restores the checkpoint once Lightning has built the optimizer
-(``on_train_start``), checks the stop request at every step boundary (``on_train_batch_start`` of the
-first micro-batch), and advances the global sample offset after every optimizer step. The Trainer's
+(``on_fit_start``, before the DataLoader iterator exists), checks the stop request at every step
+boundary (``on_train_batch_start`` of the first micro-batch), and advances the global sample offset after every optimizer step. The Trainer's
 ``max_epochs`` is the number of data epochs; Lightning's own epoch counter restarts at 0 on every start
 (use ``elastic.epoch``). Lightning's checkpoints are not used for resuming.
 """
@@ -107,7 +107,9 @@ class ElasticCallback(Callback):
     def __init__(self, elastic: ElasticLightning):
         self.elastic = elastic
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Not on_train_start: the fit loop creates the DataLoader iterator before that hook, and with
+        # num_workers > 0 the iterator reads the batch sampler (the position) at once.
         if len(trainer.optimizers) != 1:
             raise RuntimeError("slurm-elastic supports one optimizer per LightningModule")
         if trainer.accumulate_grad_batches != self.elastic.loop.accum:
