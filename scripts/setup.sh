@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what slurm-elastic needs on a fresh Debian 12/13 machine (as root): Slurm and munge from
-# apt when missing, then the package with its dev and train extras in ./.venv. Idempotent.
+# apt when missing, then the package with its dev, train, lightning and hf extras in ./.venv. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +32,8 @@ stamp=.venv/.slurm-elastic-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # torch==2.13.0 (the `train` extra) is the CPU build on local disk; any other pin downloads GBs.
-  .venv/bin/python -m pip install -q -e '.[dev,train]'
+  # lightning and hf: the framework integrations' extras (their tests need them; both keep torch 2.13.0).
+  .venv/bin/python -m pip install -q -e '.[dev,train,lightning,hf]'
   touch "$stamp"
 fi
 # A second Slurm version for the tests: the other Debian release's Slurm in a debootstrap chroot
