@@ -221,9 +221,15 @@ def run_cycle(
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``."""
     enactor.poll()
+    jobs, nodes = backend.list_jobs(), backend.list_nodes()
+    if node_size is None and not any(n.gpus_total > 0 for n in nodes):
+        # Seen live right after a slurmctld restart: nodes listed before they register, with no GPUs.
+        # Planning on that would be planning on an empty cluster; skip the cycle as for a failed read.
+        raise SlurmError("no node reports GPUs yet (slurmctld just started, or no slurmd registered): "
+                         "nothing to plan on this cycle")
     snap = build_problem(
-        backend.list_jobs(),
-        backend.list_nodes(),
+        jobs,
+        nodes,
         model_for=model_for,
         now=now,
         partitions=partitions,

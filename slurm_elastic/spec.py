@@ -130,7 +130,7 @@ class ElasticSpec:
                 g = self.gpus_per_node
                 if g <= node_size and k % g == 0:
                     out.append(k)
-            elif k <= node_size or k % node_size == 0:
+            elif node_size > 0 and (k <= node_size or k % node_size == 0):
                 out.append(k)
         return out
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_elastic import planner as pl
-from slurm_elastic.backends.base import JobRecord, SlurmBackend, SlurmError, SlurmParseError
+from slurm_elastic.backends.base import ACTIVE_STATES, JobRecord, SlurmBackend, SlurmError, SlurmParseError
 from slurm_elastic.daemon.caps import CappedPolicy
 from slurm_elastic.daemon.config import ConfigError, DaemonConfig, check_managed_partitions, load_config
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
@@ -573,12 +573,12 @@ class Daemon:
                 self.enactor.poll()
             except SlurmError as e:
                 event(logging.ERROR, "cannot poll in-flight resizes", error=str(e))
-        if not self.dry_run and self.db is not None:
-            self._crash_policy()
         try:
-            records = self.backend.list_jobs()
+            records, finished = self._read_jobs()
         except SlurmError as e:
             return self._skip_cycle(e)
+        if not self.dry_run and self.db is not None and finished is not None:
+            self._crash_policy(finished)
         self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
         if self._lease_refuses(records):
@@ -652,17 +652,25 @@ class Daemon:
                       error=str(e))
         return r.left_alone
 
-    def _crash_policy(self) -> None:
-        """Requeue failed jobs that have failures left (``max_failures=`` in their spec; daemon/crash.py)."""
-        from slurm_elastic.daemon.crash import apply_crash_policy
+    def _read_jobs(self) -> tuple[list[JobRecord], list[JobRecord] | None]:
+        """The cycle's ONE read of the queue: (active jobs, every listed job incl. finished ones for the
+        crash policy, or None where the backend lists active jobs only, e.g. the simulator)."""
+        import inspect
 
         try:
-            finished = self.backend.list_jobs(include_finished=True)
-        except TypeError:  # a backend that does not list finished jobs (simulator, stand-ins)
-            return
-        except SlurmError as e:
-            event(logging.ERROR, "crash policy skipped: cannot read finished jobs", error=str(e))
-            return
+            lists_finished = "include_finished" in inspect.signature(self.backend.list_jobs).parameters
+        except (TypeError, ValueError):
+            lists_finished = False
+        if not lists_finished:
+            return self.backend.list_jobs(), None
+        everything = self.backend.list_jobs(include_finished=True)
+        return [j for j in everything if j.state in ACTIVE_STATES], everything
+
+    def _crash_policy(self, finished: list[JobRecord]) -> None:
+        """Requeue failed jobs that have failures left (``max_failures=`` in their spec; daemon/crash.py),
+        from the cycle's own read (no second squeue: with slurmctld down that doubled every skipped cycle)."""
+        from slurm_elastic.daemon.crash import apply_crash_policy
+
         apply_crash_policy(finished, self.backend, self.db, event, self.cycle_no)
 
     def _skip_cycle(self, e: SlurmError) -> None:

@@ -281,16 +281,9 @@ class _LoopState:
     def end_step(self) -> None:
         job, tag = self.job, self.tag
         job.offset = tag.offset + tag.count
-        job.samples_seen += tag.count
-        job.optimizer_steps += 1
-        job._steps_this_start += 1
         if job.offset >= job.dataset_size:
             job.epoch, job.offset = tag.epoch + 1, 0
-        dt = time.perf_counter() - self.t0
-        if job._steps_this_start > job.throughput_warmup_steps:
-            job._tp_steps += 1
-            job._tp_samples += tag.count
-            job._tp_seconds += dt
+        job._count_step(tag.count, time.perf_counter() - self.t0)
         self.stepped = True
 
     # the user's optimizer -------------------------------------------------------------------------

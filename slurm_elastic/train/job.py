@@ -438,16 +438,7 @@ class ElasticJob:
                 if not step.done:
                     raise RuntimeError("call step.optimizer_step() inside the loop body")
                 self.offset += plan.count
-                self.samples_seen += plan.count
-                self.optimizer_steps += 1
-                self._steps_this_start += 1
-                dt = time.perf_counter() - t0
-                if self._steps_this_start > self.throughput_warmup_steps:
-                    self._tp_steps += 1
-                    self._tp_samples += plan.count
-                    self._tp_seconds += dt
-                if self.rank == 0:
-                    self._maybe_report()
+                self._count_step(plan.count, time.perf_counter() - t0)
             self.epoch += 1
             self.offset = 0
 
@@ -537,6 +528,20 @@ class ElasticJob:
             h["samples_per_s"] = self.throughput()
             h["steps"] = self._steps_this_start
             h["measured_steps"] = self._tp_steps
+
+    def _count_step(self, count: int, seconds: float) -> None:
+        """One optimizer step of ``count`` samples done, on every path (``steps()``, the DataLoader path,
+        the framework integrations): counters, throughput after warm-up, and rank 0's report (the
+        daemon plans nothing for a start before its first-step record, so every path must write it)."""
+        self.samples_seen += count
+        self.optimizer_steps += 1
+        self._steps_this_start += 1
+        if self._steps_this_start > self.throughput_warmup_steps:
+            self._tp_steps += 1
+            self._tp_samples += count
+            self._tp_seconds += seconds
+        if self.rank == 0:
+            self._maybe_report()
 
     def _maybe_report(self) -> None:
         """Rank 0: write the report after this start's first step (its restart-cost record), once the

@@ -74,8 +74,16 @@ def test_job_that_never_acks_is_left_running_and_not_retried_in_a_tight_loop(slu
                 "attempts <= 1 + observed/cooldown")
     os.chmod(tmp_path, 0o755)
     script = tmp_path / "stubborn.sh"
-    script.write_text("#!/bin/bash\nsrun --ntasks=1 bash -c 'trap \"\" USR2; exec sleep 300'\n")
-    spec = "elastic:min_gpus=1,max_gpus=4,min_batch=32,max_batch=256,max_local_batch=64,batch=64"
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    # It reports its first step like the library does (the daemon resizes no start before that record),
+    # then ignores the checkpoint signal and never acks.
+    script.write_text("#!/bin/bash\n"
+                      f"printf '{{\"format\": 1, \"job_id\": %s, \"points\": [], \"starts\": "
+                      "[{\"restart_count\": %s, \"first_step\": %s}]}' \"$SLURM_JOB_ID\" "
+                      f"\"${{SLURM_RESTART_COUNT:-0}}\" \"$(date +%s)\" > {ck}/throughput.json\n"
+                      "srun --ntasks=1 bash -c 'trap \"\" USR2; exec sleep 300'\n")
+    spec = f"elastic:min_gpus=1,max_gpus=4,min_batch=32,max_batch=256,max_local_batch=64,batch=64,ckpt_dir={ck}"
     jid = slurm_cluster.sbatch(["--hold", "--requeue", "-o", str(tmp_path / "job.out"), "--gres=gpu:1",
                                 f"--comment={spec}", str(script)], cwd=tmp_path)
     cfg = write_config(tmp_path / "elastic.toml", tmp_path / "state", max_gpus_per_job=1, ack_timeout_s=5,

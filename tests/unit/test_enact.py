@@ -132,3 +132,25 @@ def test_hold_re_holds_a_released_job():
     b = Recorder()
     res = Enactor(b, clock=lambda: 0.0).apply([pl.Hold(7, 8, "cannot place")])
     assert [r.status for r in res] == ["done"] and b.calls == [("hold", 7)]
+
+
+def test_a_cycle_with_no_node_reporting_gpus_is_skipped_not_planned_on_an_empty_cluster():
+    """Right after a slurmctld restart Slurm lists nodes before they register, with 0 GPUs (seen live:
+    the spec's placement rule then divided by a node size of 0 and the cycle failed)."""
+    from slurm_elastic.backends.base import JobRecord, NodeRecord
+    from slurm_elastic.enact import CycleState, run_cycle
+    from slurm_elastic.policies.dp import DPPolicy
+
+    class Restarted(Recorder):
+        def list_jobs(self):
+            return [JobRecord(job_id=5, name="a", user="u", partition="gpu", state="RUNNING", gpus_total=4,
+                              gpus_per_node=4, node_count=1, nodes=("n1",),
+                              comment="elastic:min_gpus=1,max_gpus=8,min_batch=32,max_batch=256,max_local_batch=64")]
+
+        def list_nodes(self):
+            return [NodeRecord("n1", "UNKNOWN", (), 0, 0, 8, ("gpu",))]
+
+    be = Restarted()
+    with pytest.raises(SlurmError, match="no node reports GPUs"):
+        run_cycle(be, DPPolicy(), Enactor(be), CycleState(), model_for=lambda j, s: None, now=0.0)
+    assert be.calls == []  # nothing enacted

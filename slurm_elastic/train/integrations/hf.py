@@ -33,7 +33,7 @@ import torch
 from transformers import Trainer, TrainerCallback, get_scheduler
 
 from ..job import ElasticJob
-from .loop import FrameworkBatchSampler, ExternalLoop
+from .loop import ExternalLoop, FrameworkBatchSampler
 
 
 def elastic_setup(ckpt_dir: str | os.PathLike | None = None, **job_kwargs) -> ElasticJob:

@@ -34,7 +34,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 
 from ..job import ElasticJob
-from .loop import FrameworkBatchSampler, ExternalLoop
+from .loop import ExternalLoop, FrameworkBatchSampler
 
 
 class ElasticEnvironment(ClusterEnvironment):

@@ -131,13 +131,7 @@ class ExternalLoop:
         """After the optimizer step (all ranks): advance the global position by the step's samples."""
         job, plan = self.job, self.plan
         job.offset += plan.count
-        job.samples_seen += plan.count
-        job.optimizer_steps += 1
-        job._steps_this_start += 1
-        if job._steps_this_start > job.throughput_warmup_steps:  # as in job.steps(): for the daemon
-            job._tp_steps += 1
-            job._tp_samples += plan.count
-            job._tp_seconds += time.perf_counter() - self._t0
+        job._count_step(plan.count, time.perf_counter() - self._t0)  # as in job.steps(): for the daemon
         if job.offset >= self.dataset_size:
             job.epoch += 1
             job.offset = 0
