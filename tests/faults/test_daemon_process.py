@@ -76,10 +76,11 @@ def test_job_that_never_acks_is_left_running_and_not_retried_in_a_tight_loop(slu
     script = tmp_path / "stubborn.sh"
     ck = tmp_path / "ck"
     ck.mkdir()
-    # It reports its first step like the library does (the daemon resizes no start before that record),
+    # It reports its first step and a throughput point like the library does (the daemon resizes no start
+    # before its first-step record, and grows no job on a bare prior),
     # then ignores the checkpoint signal and never acks.
     script.write_text("#!/bin/bash\n"
-                      f"printf '{{\"format\": 1, \"job_id\": %s, \"points\": [], \"starts\": "
+                      f"printf '{{\"format\": 1, \"job_id\": %s, \"points\": [{{\"gpus\": 1, \"batch\": 64, \"samples_per_s\": 50.0}}], \"starts\": "
                       "[{\"restart_count\": %s, \"first_step\": %s}]}' \"$SLURM_JOB_ID\" "
                       f"\"${{SLURM_RESTART_COUNT:-0}}\" \"$(date +%s)\" > {ck}/throughput.json\n"
                       "srun --ntasks=1 bash -c 'trap \"\" USR2; exec sleep 300'\n")
