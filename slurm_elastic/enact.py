@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import replace, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from slurm_elastic import planner as pl
@@ -195,6 +195,23 @@ class CycleResult:
     results: tuple[ActionResult, ...]
 
 
+def _freeze(snap, books, now: float, config: pl.PlannerConfig):
+    jobs = list(snap.problem.jobs)
+    changed = False
+    for i, (req, view) in enumerate(zip(jobs, snap.views, strict=True)):
+        if req.running_gpus <= 0 or req.frozen:
+            continue
+        book = books.get(view.job_id)
+        cooling = (view.status == pl.RUNNING and book is not None and book.last_change_s is not None
+                   and now - book.last_change_s < config.cooldown_s)
+        if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
+            jobs[i] = replace(req, frozen=True)
+            changed = True
+    if not changed:
+        return snap
+    return replace(snap, problem=replace(snap.problem, jobs=tuple(jobs)))
+
+
 def run_cycle(
     backend: SlurmBackend,
     policy: Policy,
@@ -209,8 +226,13 @@ def run_cycle(
     default_restart_s: float = 45.0,
     horizon_s: float = 3600.0,
     placement: bool = True,
+    job_info=None,
 ) -> CycleResult:
-    """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``."""
+    """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
+
+    Jobs the planner will not resize this cycle (in flight, released but not started, in their
+    rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on
+    no GPUs the planner cannot move."""
     enactor.poll()
     snap = build_problem(
         backend.list_jobs(),
@@ -224,7 +246,9 @@ def run_cycle(
         horizon_s=horizon_s,
         allow_preemption=bool(planner_config and planner_config.allow_preemption),
         spec_cache=state.spec_cache,
+        job_info=job_info,
     )
+    snap = _freeze(snap, state.books, now, planner_config or pl.PlannerConfig())
     if snap.problem.jobs:
         alloc = policy.allocate(snap.problem)
     else:

@@ -51,6 +51,21 @@ ModelFor = Callable[[JobRecord, ElasticSpec], ThroughputModel]
 
 
 @dataclass(frozen=True)
+class JobInfo:
+    """What a job itself reports beyond Slurm's view (the in-job library's report; the simulated job's
+    state in the simulator): its gradient noise scale and reference batch, the GPU-seconds it has had,
+    and the work it has left. Every field may be None/0: unknown."""
+
+    noise_scale: float | None = None
+    base_batch: int | None = None
+    attained_gpu_s: float = 0.0
+    remaining_samples: float | None = None
+
+
+JobInfoFor = Callable[[JobRecord], "JobInfo | None"]
+
+
+@dataclass(frozen=True)
 class Snapshot:
     problem: AllocationProblem
     views: tuple[JobView, ...]  # elastic jobs in priority order (same order as problem.jobs)
@@ -140,6 +155,14 @@ class SpecCache:
         return self._parsed(self._d, (comment, node_size), parse, job_id)
 
 
+def _with_info(req: JobRequest, r: JobRecord, job_info: JobInfoFor | None) -> JobRequest:
+    info = job_info(r) if job_info is not None else None
+    if info is None:
+        return req
+    return replace(req, noise_scale=info.noise_scale, base_batch=info.base_batch,
+                   attained_gpu_s=info.attained_gpu_s, remaining_samples=info.remaining_samples)
+
+
 def node_size_of(nodes: Iterable[NodeRecord]) -> int:
     counts = Counter(n.gpus_total for n in nodes if n.gpus_total > 0)
     if not counts:
@@ -165,8 +188,10 @@ def build_problem(
     horizon_s: float = 3600.0,
     allow_preemption: bool = False,
     spec_cache: SpecCache | None = None,
+    job_info: JobInfoFor | None = None,
 ) -> Snapshot:
-    """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way."""
+    """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
+    ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known."""
     parts = None if partitions is None else frozenset(partitions)
     in_flight = in_flight or {}
     cache = spec_cache or SpecCache()
@@ -236,7 +261,7 @@ def build_problem(
                 decisions[r.job_id] = d
             if view.status == PENDING and r.submit_time is not None:
                 req = replace(req, wait_s=max(0.0, now - r.submit_time))
-            reqs.append(req)
+            reqs.append(_with_info(req, r, job_info))
             views.append(view)
             continue
         try:
@@ -275,7 +300,7 @@ def build_problem(
         on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
         view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0)
         cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
-        reqs.append(req)
+        reqs.append(_with_info(req, r, job_info))
         views.append(view)
 
     if non_elastic_per_node:

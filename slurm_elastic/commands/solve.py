@@ -25,7 +25,7 @@ def solve(problem_file, policy_name, admission, starvation_s, objective, as_json
     samples/s and the reason, then the objective (total weighted speedup) and the solve time.
     """
     from slurm_elastic.policies import get_policy
-    from slurm_elastic.policies.problem import allocation_to_dict, problem_from_dict
+    from slurm_elastic.policies.problem_json import allocation_to_dict, problem_from_dict
     from slurm_elastic.spec import SpecError
 
     try:

@@ -24,6 +24,16 @@ class JobRequest:
     running_batch: int | None = None
     restart_s: float = 45.0  # estimated checkpoint + requeue + restart time of a rescale
     wait_s: float = 0.0  # how long it has been pending (for starvation control)
+    # Statistical efficiency (profiles/efficiency.py): the job's gradient noise scale in samples, as the
+    # in-job library reports it, and the reference batch it is relative to. None: not measured.
+    noise_scale: float | None = None
+    base_batch: int | None = None
+    # For JCT-aware objectives: GPU-seconds the job has received so far (attained service, as in
+    # Tiresias), and the work it has left when it reports its progress.
+    attained_gpu_s: float = 0.0
+    remaining_samples: float | None = None  # work left, in samples at base_batch (None: not reported)
+    # A running job the planner will not resize this cycle (rescale cooldown): policies keep its count.
+    frozen: bool = False
 
     @property
     def is_running(self) -> bool:

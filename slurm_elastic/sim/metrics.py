@@ -51,4 +51,5 @@ def summarize(res: SimResult) -> dict:
         "policy_solve_s": res.solve_s,
         "sim_wall_s": res.wall_s,
         "stopped": res.stopped,
+        "placed_over_planned": (res.placed_gpu_s / res.planned_gpu_s) if res.planned_gpu_s > 0 else 1.0,
     }

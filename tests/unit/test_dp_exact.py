@@ -263,9 +263,9 @@ def test_baselines_are_feasible_and_not_better_than_dp(problem):
         if name == "fixed-batch":
             # where admission is the same (same jobs, same minimum counts), fixed-batch's choices are a
             # subset of dp's with the same values: the exact optimum is at least as good
-            from slurm_elastic.policies._plan import make_plan
+            from slurm_elastic.policies._candidates import make_candidates
 
-            a, b = make_plan(problem), make_plan(problem, fixed_batch=True)
+            a, b = make_candidates(problem), make_candidates(problem, fixed_batch=True)
             same = a.status == b.status and all(
                 len(a.tables[j]) == 0 or len(b.tables[j]) == 0 or a.tables[j].counts[0] == b.tables[j].counts[0]
                 for j in a.dp_jobs)
