@@ -298,6 +298,8 @@ def build_problem(
             wait_s=wait,
         )
         on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
+        if on:
+            req = replace(req, nodes=on, gpus_per_node=r.gpus_per_node)
         view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0)
         cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         reqs.append(_with_info(req, r, job_info))
@@ -314,6 +316,7 @@ def build_problem(
         horizon_s=horizon_s,
         allow_preemption=allow_preemption,
         free_gpus_per_node=free_per_node,
+        node_capacity=tuple((n.name, max(0, n.gpus_total - non_elastic_per_node[n.name])) for n in managed) or None,
     )
     return Snapshot(
         problem=problem,

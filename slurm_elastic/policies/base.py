@@ -34,6 +34,8 @@ class JobRequest:
     remaining_samples: float | None = None  # work left, in samples at base_batch (None: not reported)
     # A running job the planner will not resize this cycle (rescale cooldown): policies keep its count.
     frozen: bool = False
+    nodes: tuple[str, ...] = ()  # nodes it holds now (running), for placement-aware policies
+    gpus_per_node: int = 0
 
     @property
     def is_running(self) -> bool:
@@ -54,6 +56,9 @@ class AllocationProblem:
     horizon_s: float = 3600.0  # restart costs are amortised over this planning horizon
     allow_preemption: bool = False  # may a running job be stopped (shrunk to 0)?
     free_gpus_per_node: tuple[int, ...] | None = None  # optional finer capacity, when known
+    # (node name, GPUs it has for elastic jobs) per managed node: with the jobs' ``nodes``, lets a
+    # policy check that its allocation can be placed (None: a pool, no placement check).
+    node_capacity: tuple[tuple[str, int], ...] | None = None
 
 
 @dataclass(frozen=True)

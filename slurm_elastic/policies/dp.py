@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from slurm_elastic.policies._mckp import mckp
+from slurm_elastic.policies._placement import solve_placeable
 from slurm_elastic.policies._candidates import Candidates, build_allocation, make_candidates
 from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 
@@ -38,12 +39,14 @@ class DPPolicy(Policy):
     OBJECTIVES = {"completion": ("completion", True), "goodput": ("speedup", True), "pnorm": ("pnorm", True),
                   "throughput": ("speedup", False)}
 
-    def __init__(self, admission: str = "priority", starvation_s: float = 3600.0, objective: str = "completion"):
+    def __init__(self, admission: str = "priority", starvation_s: float = 3600.0, objective: str = "completion",
+                 placement: bool = True):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
+        self.placement = placement  # re-solve until the allocation places on the nodes (policies/_placement)
 
     def candidates(self, problem: AllocationProblem) -> Candidates:
         """Admission and the knapsack's choice arrays (the benchmark solves these with every solver)."""
@@ -57,5 +60,6 @@ class DPPolicy(Policy):
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()
         plan = self.candidates(problem)
-        _, chosen = mckp(plan.offsets, plan.weights, plan.values, plan.capacity)
+        chosen = solve_placeable(plan) if self.placement else mckp(plan.offsets, plan.weights, plan.values,
+                                                                    plan.capacity)[1]
         return build_allocation(plan, chosen, self.name, time.perf_counter() - t0)
