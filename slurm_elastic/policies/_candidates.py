@@ -84,10 +84,12 @@ def make_candidates(
     efficiency=None,
     objective: str = "speedup",
     p: float = -1.0,
+    fair_ref: bool = False,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
-    choice is valued (see :func:`choice_values`)."""
+    choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
+    (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum."""
     if admission not in ("priority", "joint"):
         raise ValueError(f"admission must be 'priority' or 'joint', not {admission!r}")
     if objective not in OBJECTIVES:
@@ -98,6 +100,12 @@ def make_candidates(
     effs = [efficiency(r) for r in jobs] if efficiency is not None else [_none] * n
     flex, tabs = _tables(problem, fixed_batch, effs)
     refs = np.array([float(f.value[0]) if len(f) else 0.0 for f in flex])
+    if fair_ref and n:
+        share = problem.total_gpus / n
+        for j, f in enumerate(flex):
+            if len(f):
+                i = max(0, int(np.searchsorted(f.counts, share, side="right")) - 1)
+                refs[j] = float(f.value[i])
     mins = [int(t.counts[0]) if len(t) and refs[j] > 0 else 0 for j, t in enumerate(tabs)]  # 0 = cannot run
     running = [r.running_gpus for r in jobs]
     # A frozen running job (in its rescale cooldown) can only keep its count: its minimum is that count.

@@ -92,6 +92,8 @@ class Policy(abc.ABC):
     """One scheduling policy. Implementations live one per file in ``slurm_elastic/policies/``."""
 
     name: str = ""
+    rigid: bool = False  # starts only at the size it chose (the planner may not start it smaller)
+    preemptive: bool = False  # needs the planner to preempt (checkpoint, requeue, hold) running jobs
 
     @abc.abstractmethod
     def allocate(self, problem: AllocationProblem) -> Allocation:

@@ -119,9 +119,11 @@ class Simulation:
     ):
         self.workload = sorted(workload, key=lambda j: j.arrival_s)
         self.policy = policy
-        if getattr(policy, "name", "") == "static" and config.planner.start_smaller:
-            # static is gang scheduling at the requested size: it waits for its GPUs, as Slurm does.
+        if getattr(policy, "rigid", False) and config.planner.start_smaller:
+            # rigid policies (static, tiresias) gang-schedule at the requested size: they wait for their GPUs.
             config = replace(config, planner=replace(config.planner, start_smaller=False))
+        if getattr(policy, "preemptive", False) and not config.planner.allow_preemption:
+            config = replace(config, planner=replace(config.planner, allow_preemption=True))
         self.config = config
         self._model_for_job = model_for_job or (lambda w: model_for_spec(w.spec, config.gpus_per_node))
 
