@@ -143,6 +143,9 @@ def main(argv=None) -> int:
                     for g, _ in futs:
                         g.cancel()
                     break
+                except Exception as e:  # one failed run is reported, the others go on
+                    log(f"run failed: {e!r}")
+                    continue
                 results[key] = m
                 if f is not None:
                     f.write_text(json.dumps(m))
