@@ -25,21 +25,43 @@ def _shape(spec, k: int, ns: int) -> tuple[int, int]:
 
 
 class _Free:
-    def __init__(self, free: dict[str, int]):
+    """Free GPUs per node, bucketed by free count. Best fit takes nodes from the fullest bucket that
+    fits; which node of a bucket it takes does not change what fits later (nodes of equal free count
+    are interchangeable), so this decides exactly as the planner's best fit, in O(node size) a take."""
+
+    def __init__(self, free: dict[str, int], size: int):
         self.free = free
+        self.size = size
+        self.buckets: list[set] = [set() for _ in range(size + 1)]
+        for n, f in free.items():
+            self.buckets[min(max(f, 0), size)].add(n)
+
+    def _move(self, n: str, f: int) -> None:
+        old = self.free[n]
+        self.buckets[min(max(old, 0), self.size)].discard(n)
+        self.free[n] = f
+        self.buckets[min(max(f, 0), self.size)].add(n)
+
+    def fits(self, nodes: int, gpn: int) -> bool:
+        return gpn <= self.size and sum(len(self.buckets[f]) for f in range(gpn, self.size + 1)) >= nodes
 
     def take(self, nodes: int, gpn: int) -> bool:
-        cands = sorted((f, n) for n, f in self.free.items() if f >= gpn)
-        if len(cands) < nodes:
+        if not self.fits(nodes, gpn):
             return False
-        for _, n in cands[:nodes]:
-            self.free[n] -= gpn
+        need = nodes
+        for f in range(gpn, self.size + 1):
+            while need and self.buckets[f]:
+                n = next(iter(self.buckets[f]))
+                self._move(n, f - gpn)
+                need -= 1
+            if not need:
+                break
         return True
 
     def add(self, names, gpn: int, sign: int = 1) -> None:
         for n in names:
             if n in self.free:
-                self.free[n] += sign * gpn
+                self._move(n, self.free[n] + sign * gpn)
 
 
 def place_check(cand, chosen: np.ndarray) -> dict[int, int]:
@@ -48,7 +70,8 @@ def place_check(cand, chosen: np.ndarray) -> dict[int, int]:
     if problem.node_capacity is None:
         return {}
     ns = problem.node_size
-    free = _Free(dict(problem.node_capacity))
+    cap = dict(problem.node_capacity)
+    free = _Free(cap, max(max(cap.values(), default=0), ns))
     jobs = problem.jobs
     for r in jobs:
         if r.running_gpus > 0 and r.nodes:
@@ -87,18 +110,16 @@ def place_check(cand, chosen: np.ndarray) -> dict[int, int]:
 
 
 def _largest(cand, p: int, free: _Free, r, ns: int, k: int, floor: int) -> int:
-    """The largest count below ``k`` in the job's choices that fits now (``floor`` if none); the free map
-    is not changed."""
+    """The largest count below ``k`` in the job's choices that fits now (``floor`` if none)."""
     lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
     counts = sorted({int(c) for c in cand.cols[0, lo:hi] if floor < c < k}, reverse=True)
     for c in counts:
-        trial = _Free(dict(free.free))
-        if trial.take(*_shape(r.spec, c, ns)):
+        if free.fits(*_shape(r.spec, c, ns)):
             return c
     return floor
 
 
-def solve_placeable(cand, rounds: int = 8) -> np.ndarray:
+def solve_placeable(cand, rounds: int = 4) -> np.ndarray:
     """The knapsack's choice, re-solved with unplaceable jobs capped at what fits, until it places."""
     values = cand.values
     _, chosen = mckp(cand.offsets, cand.weights, values, cand.capacity)
