@@ -32,15 +32,17 @@ class _Free:
     def __init__(self, free: dict[str, int], size: int):
         self.free = free
         self.size = size
-        self.buckets: list[set] = [set() for _ in range(size + 1)]
+        # dicts, not sets: insertion order makes the choice the same in every process (a set of strings
+        # iterates in an order that depends on the per-process hash seed)
+        self.buckets: list[dict] = [{} for _ in range(size + 1)]
         for n, f in free.items():
-            self.buckets[min(max(f, 0), size)].add(n)
+            self.buckets[min(max(f, 0), size)][n] = None
 
     def _move(self, n: str, f: int) -> None:
         old = self.free[n]
-        self.buckets[min(max(old, 0), self.size)].discard(n)
+        self.buckets[min(max(old, 0), self.size)].pop(n, None)
         self.free[n] = f
-        self.buckets[min(max(f, 0), self.size)].add(n)
+        self.buckets[min(max(f, 0), self.size)][n] = None
 
     def fits(self, nodes: int, gpn: int) -> bool:
         return gpn <= self.size and sum(len(self.buckets[f]) for f in range(gpn, self.size + 1)) >= nodes
