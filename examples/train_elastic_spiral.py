@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.5, help="learning rate at the base batch")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt"), default="sqrt")
+    p.add_argument("--lr-scaling", choices=("none", "linear", "sqrt", "adascale"), default="sqrt")
     p.add_argument("--base-batch", type=int, default=None, help="batch the lr is meant for (default: spec batch)")
     p.add_argument("--batch", type=int, default=64, help="global batch without an elastic spec (plain runs)")
     p.add_argument("--max-local-batch", type=int, default=None, help="per-process limit without a spec")
@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-every-s", type=float, default=60.0)
     p.add_argument("--record-samples", default=None, help="directory for per-rank sample-index logs")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (emulated compute)")
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="use a torch DataLoader with this many workers (job.batches) instead of job.steps()")
     args = p.parse_args(argv)
     if not args.ckpt_dir:
         p.error("give --ckpt-dir or set ELASTIC_CKPT_DIR")
@@ -101,6 +103,35 @@ def main(argv=None) -> int:
         rec = open(os.path.join(args.record_samples, name), "a", encoding="utf-8")
 
     t0, loss_sum, loss_n = time.time(), 0.0, 0
+    if args.loader_workers:
+        # The DataLoader way: an ordinary mean loss, opt.step() per loader item; the library scales the
+        # gradient, accumulates and stops (docs/ELASTIC-SCRIPT.md).
+        from torch.utils.data import DataLoader, TensorDataset
+
+        ds = TensorDataset(X.cpu(), y.cpu(), torch.arange(len(y)))
+        loader = DataLoader(ds, batch_sampler=job.batch_sampler(len(y), args.epochs),
+                            num_workers=args.loader_workers)
+        step_idx, before, epoch = [], job.optimizer_steps, job.epoch
+        for xb, yb, ib in job.batches(loader):
+            epoch = job.epoch if not step_idx else epoch
+            loss = F.cross_entropy(ddp(xb.to(job.device)), yb.to(job.device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            step_idx += ib.tolist()
+            if job.optimizer_steps != before:  # the real optimizer step of this global step ran
+                before = job.optimizer_steps
+                if rec is not None:
+                    rec.write(f"{epoch} {job.optimizer_steps - 1} {','.join(map(str, step_idx))}\n")
+                    rec.flush()
+                step_idx = []
+                if args.step_delay:
+                    time.sleep(args.step_delay)
+        job.finish()
+        if job.rank == 0:
+            print(f"spiral: {job.samples_seen} samples through a DataLoader with {args.loader_workers} workers",
+                  flush=True)
+        return 0
     for step in job.steps(dataset_size=len(y), epochs=args.epochs):
         for mb in step.micro_batches():
             idx = mb.indices.to(job.device)

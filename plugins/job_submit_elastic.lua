@@ -22,14 +22,57 @@ local INT_LIMITS = {
   min_batch = 2^40, max_batch = 2^40, batch = 2^40, max_local_batch = 2^40, min_local_batch = 2^40,
   max_accum = 2^12,
 }
+-- ckpt_dir may not be (or be under) a system directory: the daemon reads there as root.
+-- The same list as SYSTEM_DIRS in slurm_elastic/spec.py ("*": any name starting so).
+local SYSTEM_DIRS = { "/etc", "/usr", "/bin", "/sbin", "/lib*", "/boot", "/dev", "/proc", "/sys", "/run", "/root",
+                      "/var/lib/slurm*", "/var/spool/slurm*", "/var/run", "/var/log", "/var/lib/munge",
+                      "/var/lib/dpkg" }
+
+local function system_dir_of(path)
+  local parts = {}
+  for p in string.gmatch(path, "[^/]+") do
+    if p ~= "." then parts[#parts + 1] = p end
+  end
+  local norm = "/" .. table.concat(parts, "/")
+  if norm == "/" then return "/" end
+  for _, d in ipairs(SYSTEM_DIRS) do
+    if string.sub(d, -1) == "*" then
+      local head = string.sub(d, 1, -2)
+      if string.sub(norm, 1, #head) == head then return d end
+    elseif norm == d or string.sub(norm, 1, #d + 1) == d .. "/" then
+      return d
+    end
+  end
+  return nil
+end
+
 local FLOAT_LIMITS = { weight = 1e6, restart_s = 1e7 }
 local REQUIRED = { "min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch" }
 -- The operators whose updates always pass: root, and the SlurmUser uid if it is not root.
 local DAEMON_UIDS = { [0] = true }
 
-local function is_elastic(comment)
-  return comment ~= nil and string.find(comment, "^%s*elastic:") ~= nil
+-- THE rule for "is this job elastic", byte for byte the same as slurm_elastic.spec.comment_kind
+-- (docs/SPEC.md): "elastic" when the comment starts with "elastic:" at its first byte; "malformed"
+-- when "elastic:" (any ASCII case) follows only whitespace, control or non-ASCII bytes (NBSP, \x1f,
+-- a zero-width space...) or is in another case; else "plain". Malformed comments are refused.
+local function comment_kind(comment)
+  if comment == nil or comment == "" then return "plain" end
+  if string.sub(comment, 1, #PREFIX) == PREFIX then return "elastic" end
+  local i = 1
+  while i <= #comment do
+    local b = string.byte(comment, i)
+    if not (b <= 32 or b == 127 or b >= 128) then break end
+    i = i + 1
+  end
+  if string.lower(string.sub(comment, i, i + #PREFIX - 1)) == PREFIX then return "malformed" end
+  return "plain"
 end
+
+local function is_elastic(comment)
+  return comment_kind(comment) ~= "plain"
+end
+comment_kind_of = comment_kind -- for the differential test (tests/unit/test_submit_plugin_lua.py)
+is_elastic_comment = is_elastic
 
 local function trim(s)
   return (string.gsub(s, "^%s*(.-)%s*$", "%1"))
@@ -107,7 +150,11 @@ end
 
 -- Returns nil when the spec is valid, else the message for the user.
 function elastic_spec_error(comment)
-  local body = string.sub(trim(comment), #PREFIX + 1)
+  if comment_kind(comment) ~= "elastic" then
+    return fail("comment", "the comment must start with '" .. PREFIX .. "' at its first character " ..
+                "(found whitespace, control or non-ASCII characters, or another letter case, before it)")
+  end
+  local body = string.sub(comment, #PREFIX + 1)
   if #body > 4096 then return fail("comment", "longer than 4096 characters") end
   local s = {}
   for item in string.gmatch(body .. ",", "([^,]*),") do
@@ -131,11 +178,20 @@ function elastic_spec_error(comment)
           return fail(key, "expected a profile name ([A-Za-z0-9_.-]), got '" .. value .. "'")
         end
         s[key] = value
+      elseif key == "max_failures" then
+        if not string.find(value, "^[0-9][0-9]?[0-9]?$") or tonumber(value) > 100 then
+          return fail(key, "expected an integer 0..100, got '" .. value .. "'")
+        end
+        s[key] = tonumber(value)
       elseif key == "ckpt_dir" then
         local rest = string.gsub(value, "%%j", "")
         if not string.find(value, "^/[A-Za-z0-9_./%%+-]*$") or #value > 256 or string.find(rest, "%%")
            or string.find(value .. "/", "/%.%./") then
           return fail(key, "expected an absolute path of [A-Za-z0-9_./+-] (and %j for the job id)")
+        end
+        local sysdir = system_dir_of(value)
+        if sysdir then
+          return fail(key, "'" .. value .. "' is a system directory (" .. sysdir .. "); use a directory of your own")
         end
         s[key] = value
       elseif key == "points" then
@@ -196,23 +252,51 @@ local function job_submit(job_desc, part_list, submit_uid)
   return slurm.SUCCESS
 end
 
+-- Refusals of an update. On 22.05 slurm.log_user() is discarded in job_modify (slurmctld logs "Use
+-- of log.user() in job_modify is not supported"), so the return code is what scontrol shows there:
+-- "Access/permission denied" for a forbidden change, "Invalid argument" for a malformed spec; 24.11
+-- also prints the message. The full message (job, uid, field) always goes to the slurmctld log.
+local EINVAL = 22
+
+local function refuse(code, job_id, uid, message)
+  slurm.log_user("%s", message)
+  slurm.log_info("slurm-elastic: refused update of job %s by uid %s: %s", tostring(job_id), tostring(uid), message)
+  return code
+end
+
 local function job_modify(job_desc, job_rec, part_list, modify_uid)
   if DAEMON_UIDS[modify_uid] then
     return slurm.SUCCESS
   end
-  local elastic_now = job_rec ~= nil and is_elastic(job_rec.comment)
-  if job_desc.comment ~= nil and is_elastic(job_desc.comment) then
-    local err = elastic_spec_error(job_desc.comment)
-    if err then
-      slurm.log_user("%s", err)
-      return slurm.ERROR
+  local denied = slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
+  local jid = job_rec ~= nil and job_rec.job_id or "?"
+  local old_kind = comment_kind(job_rec ~= nil and job_rec.comment or nil)
+  local elastic_now = old_kind ~= "plain"
+  if job_desc.comment ~= nil then
+    local new_kind = comment_kind(job_desc.comment)
+    -- A job stays what it was submitted as: an elastic job that turned plain would stay held (or run
+    -- unmanaged once released); a plain job that turned elastic would be resized without --requeue
+    -- or a USR2 handler checked at submit.
+    if elastic_now and new_kind == "plain" then
+      return refuse(denied, jid, modify_uid, "slurm-elastic: job " .. tostring(jid) .. " is elastic; its comment " ..
+                    "must keep an elastic: spec (cancel it and submit a plain job instead)")
     end
-    elastic_now = true
+    if not elastic_now and new_kind ~= "plain" then
+      return refuse(denied, jid, modify_uid, "slurm-elastic: job " .. tostring(jid) .. " was not submitted as elastic; " ..
+                    "submit a new job with --comment=elastic:... --requeue")
+    end
+    if new_kind ~= "plain" then
+      local err = elastic_spec_error(job_desc.comment)
+      if err then return refuse(EINVAL, jid, modify_uid, err) end
+    end
   end
   if elastic_now and job_desc.priority ~= nil and job_desc.priority ~= slurm.NO_VAL then
-    slurm.log_user("%s", "slurm-elastic: job " .. tostring(job_rec.job_id) ..
-                   " is elastic; the slurm-elastic daemon starts and releases it")
-    return slurm.ERROR
+    return refuse(denied, jid, modify_uid, "slurm-elastic: job " .. tostring(jid) ..
+                  " is elastic; the slurm-elastic daemon starts and releases it")
+  end
+  if elastic_now and job_desc.requeue == 0 then
+    return refuse(denied, jid, modify_uid, "slurm-elastic: job " .. tostring(jid) ..
+                  " is elastic; it must stay requeueable (the daemon resizes it by requeueing)")
   end
   return slurm.SUCCESS
 end

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what slurm-elastic needs on a fresh Debian 12/13 machine (as root): Slurm and munge from
-# apt when missing, then the package with its dev and train extras in ./.venv. Idempotent.
+# apt when missing, then the package with its dev, train, lightning and hf extras in ./.venv. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +32,8 @@ stamp=.venv/.slurm-elastic-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # torch==2.13.0 (the `train` extra) is the CPU build on local disk; any other pin downloads GBs.
-  .venv/bin/python -m pip install -q -e '.[dev,train]'
+  # lightning and hf: the framework integrations' extras (their tests need them; both keep torch 2.13.0).
+  .venv/bin/python -m pip install -q -e '.[dev,train,lightning,hf]'
   touch "$stamp"
 fi
 # A second Slurm version for the tests: the other Debian release's Slurm in a debootstrap chroot
@@ -50,4 +51,7 @@ if [ "${SLURM_ELASTIC_CHROOT:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
     other+=", $(.venv/bin/slurm-elastic cluster prepare --slurm "$rel" --json | .venv/bin/python -c 'import json,sys; d=json.load(sys.stdin); print(d["slurm"] + " in " + d["path"])')"
   done
 fi
+# pyslurm for the host's Slurm (into .venv) and each chroot's (into its python3), from the release
+# tarballs in ../shared/vendor/pyslurm; wheels cached in /var/cache/slurm-elastic/pyslurm-wheels.
+bash scripts/build_pyslurm.sh
 echo "setup: ok ($(.venv/bin/python --version), $(/usr/sbin/slurmctld -V)${other})"

@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("simulate", "simulate", "Replay a workload through the scheduler in simulated time."),
     "daemon": ("daemon", "daemon", "Run the elastic scheduling daemon against Slurm."),
     "plan": ("daemon", "plan", "Print what the daemon's next cycle would do, without doing it."),
+    "launch": ("launch", "launch", "Start one start of an elastic job's tasks (in its batch script)."),
+    "stop": ("stop", "stop", "Checkpoint a running elastic job now and end it (checkpoint kept)."),
 }
 
 

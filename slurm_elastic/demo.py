@@ -74,7 +74,8 @@ def _elastic_jobs(work: Path, python: str, step_delay: float) -> list[DemoJob]:
     common = ["--n-per-class", "400", "--lr-scaling", "sqrt", "--step-delay", str(step_delay),
               "--checkpoint-every-s", "20"]
     return [
-        DemoJob("A", f"elastic:min_gpus=1,max_gpus=8,{base}", ["--epochs", "30", *common]),
+        # A trains through a torch DataLoader (2 workers, mean loss: job.batches), B and C with job.steps().
+        DemoJob("A", f"elastic:min_gpus=1,max_gpus=8,{base}", ["--epochs", "30", "--loader-workers", "2", *common]),
         DemoJob("B", f"elastic:min_gpus=2,max_gpus=4,{base}", ["--epochs", "6", *common]),
         DemoJob("C", f"elastic:min_gpus=2,max_gpus=4,{base}", ["--epochs", "6", *common]),
     ]
@@ -93,8 +94,9 @@ def _sbatch(cluster, job: DemoJob, work: Path, python: str) -> int:
     return job.job_id
 
 
-def write_daemon_config(path: Path, state_dir: Path, metrics_port: int) -> None:
+def write_daemon_config(path: Path, state_dir: Path, metrics_port: int, backend: str = "cli") -> None:
     path.write_text("\n".join([
+        f'backend = "{backend}"',
         f'state_dir = "{state_dir}"',
         "poll_interval_s = 2",
         "cooldown_s = 8",
@@ -108,8 +110,8 @@ def write_daemon_config(path: Path, state_dir: Path, metrics_port: int) -> None:
 
 
 def run(cluster, work: Path, *, python: str = sys.executable, step_delay: float = 0.15, live: bool = False,
-        timeout_s: float = 600) -> DemoResult:
-    """Run the scenario on ``cluster`` (a LocalCluster that is up); returns what happened."""
+        timeout_s: float = 600, backend: str = "cli") -> DemoResult:
+    """Run the scenario on ``cluster`` (a LocalCluster that is up) with the daemon on ``backend``."""
     from slurm_elastic.cluster import find_free_port_block
     from slurm_elastic.daemon.state import StateDB
 
@@ -117,7 +119,7 @@ def run(cluster, work: Path, *, python: str = sys.executable, step_delay: float 
     os.chmod(work, 0o755)
     state_dir = work / "daemon-state"
     cfg = work / "elastic.toml"
-    write_daemon_config(cfg, state_dir, find_free_port_block(1, start=29000))
+    write_daemon_config(cfg, state_dir, find_free_port_block(1, start=29000), backend)
     daemon_log = open(work / "daemon.log", "wb")
     env = dict(cluster.env)
     daemon = subprocess.Popen([python, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg)], env=env,

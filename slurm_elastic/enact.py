@@ -24,8 +24,8 @@ planner.plan -> Enactor.apply``; the simulator calls exactly this function.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import replace, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from slurm_elastic import planner as pl
@@ -44,7 +44,7 @@ class Journal(Protocol):
     """Where a durable driver records each step *before* it is taken (the daemon: SQLite intents)."""
 
     def step(self, action: pl.Action, step: str) -> None:
-        """About to take ``step`` ("signal", "requeue_hold", "update", "release") of ``action``."""
+        """About to take ``step`` ("signal", "requeue_hold", "hold", "update", "release") of ``action``."""
 
     def finish(self, action: pl.Action, status: str, message: str) -> None:
         """``action`` ended with ``status`` ("done", "timeout", "error")."""
@@ -135,9 +135,17 @@ class Enactor:
                     self._place(a)
                     out.append(self._result(a, "done"))
                 elif isinstance(a, pl.Hold):
+                    self._step(a, "hold")
                     self.backend.hold(a.job_id)
                     out.append(self._result(a, "done"))
                 else:
+                    # Never stop what cannot restart: Slurm refuses to requeue such a job, so after the
+                    # signal it would checkpoint, stop and end FAILED. Checked on the job record before the signal.
+                    job = self.backend.get_job(a.job_id)
+                    if job is not None and not job.requeueable:
+                        out.append(self._result(a, "error", "not requeueable (--no-requeue or JobRequeue=0): "
+                                                            "not signalled, left at its size"))
+                        continue
                     self._step(a, "signal")
                     self.backend.signal(a.job_id, self.signal_name)
                     self.in_flight[a.job_id] = _InFlight(a, self.clock())
@@ -202,9 +210,12 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
         if req.running_gpus <= 0 or req.frozen:
             continue
         book = books.get(view.job_id)
-        cooling = (view.status == pl.RUNNING and book is not None and book.last_change_s is not None
-                   and now - book.last_change_s < config.cooldown_s)
-        if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
+        since = None if book is None or book.last_change_s is None else now - book.last_change_s
+        cooling = view.status == pl.RUNNING and since is not None and since < config.cooldown_s
+        # The planner's stability guard: no step reported at this size yet (see planner.py, rule 4).
+        settling = (view.status == pl.RUNNING and view.stepped is False
+                    and (since is None or since < config.settle_timeout_s))
+        if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling or settling:
             jobs[i] = replace(req, frozen=True)
             changed = True
     if not changed:
@@ -227,11 +238,12 @@ def run_cycle(
     horizon_s: float = 3600.0,
     placement: bool = True,
     job_info=None,
+    left_alone: Mapping[int, str] | None = None,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
 
     Jobs the planner will not resize this cycle (in flight, released but not started, in their
-    rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on
+    rescale cooldown, not yet stepped at their size) are handed to the policy ``frozen`` at their size, so the allocation counts on
     no GPUs the planner cannot move."""
     enactor.poll()
     snap = build_problem(
@@ -247,6 +259,7 @@ def run_cycle(
         allow_preemption=bool(planner_config and planner_config.allow_preemption),
         spec_cache=state.spec_cache,
         job_info=job_info,
+        left_alone=left_alone,
     )
     snap = _freeze(snap, state.books, now, planner_config or pl.PlannerConfig())
     if snap.problem.jobs:

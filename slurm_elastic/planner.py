@@ -17,6 +17,10 @@ Rules, applied to each job of the problem in priority order:
    ago, or ``max_in_flight`` resizes are already under way (counting the ones planned in this cycle),
    or it is a grow whose throughput gain is below ``min_relative_gain`` (default 0: the policy already
    weighs the restart cost against the gain, so the planner adds no second threshold unless asked).
+   **Stability guard**: nor while it has not reported a training step in its current start
+   (``JobView.stepped is False``: admitted or resized, not yet training at that size), unless
+   ``settle_timeout_s`` passed since its last change (a job that never reports is not pinned forever).
+   The cooldown is the minimum dwell on top of that.
    Shrinks are planned before grows, because they return GPUs.
 5. **Pending, policy gives k > 0**: a :class:`Start` at k GPUs.
 
@@ -62,6 +66,7 @@ class PlannerConfig:
     allow_preemption: bool = False
     start_smaller: bool = True  # no placement at k: start at the largest placeable allowed k' < k
     start_timeout_s: float = 120.0  # a released job Slurm has not placed by then, and cannot, is held again
+    settle_timeout_s: float = 900.0  # a job that never reports a step may be resized again after this
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class JobView:
     spec: object | None = None  # the ElasticSpec, for placement
     nodes: tuple[str, ...] = ()  # nodes it runs on (running / in flight)
     gpus_per_node: int = 0  # its GPUs on each of those nodes
+    stepped: bool | None = None  # has it reported a training step in its current start? None: unknown
 
 
 @dataclass(frozen=True)
@@ -269,6 +275,10 @@ def plan(
         book = books.get(v.job_id, JobBook())
         if book.last_change_s is not None and now - book.last_change_s < config.cooldown_s:
             actions[v.job_id] = Leave(v.job_id, f"cooldown ({now - book.last_change_s:.0f}s < {config.cooldown_s:.0f}s)")
+            deferred += 1
+            continue
+        if v.stepped is False and (book.last_change_s is None or now - book.last_change_s < config.settle_timeout_s):
+            actions[v.job_id] = Leave(v.job_id, f"stability: no step reported at {v.gpus} GPUs yet")
             deferred += 1
             continue
         if a.gpus == 0:

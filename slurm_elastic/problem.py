@@ -12,6 +12,10 @@ Rules:
 - **Elastic jobs** are active jobs in a managed partition whose ``Comment`` is an ``elastic:`` spec.
   A spec that fails :func:`parse_spec` (or cannot be placed on this node size) puts the job in
   ``errors``; for capacity it then counts as non-elastic.
+- **Left alone**: an elastic job that Slurm will not requeue (``requeueable`` false: ``--no-requeue``,
+  or ``JobRequeue=0`` without ``--requeue``) once it runs, and every job the driver names in
+  ``left_alone`` (the daemon: operator holds), go to ``unmanaged`` with the reason and count as
+  non-elastic: never signalled, resized or released; a non-requeueable job may still be started.
 - **Capacity** (GPUs available to elastic jobs) = GPUs of the managed nodes minus the GPUs held by
   running non-elastic jobs on them. Elastic jobs' own GPUs are part of the capacity, since the policy
   reallocates them.
@@ -22,7 +26,13 @@ Rules:
 - **Priority order** handed to the policy: Slurm priority when set and non-zero (higher first), then
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
-  spec's own estimate, else ``default_restart_s``; ``wait_s`` is the time since submission while it
+  restart cost measured for the job (the model's ``restart_s``, see profiles/learned.py), else the
+  spec's own estimate, else ``default_restart_s``; ``noise_scale``/``base_batch`` are the model's
+  (what the job reported, profiles/learned.py; None otherwise), unless the driver's ``job_info``
+  gives a noise scale (the simulator: the trace's); ``attained_gpu_s``/``remaining_samples`` come
+  from ``job_info``. A running job's view says whether it has reported a step
+  in its current start (``stepped``; None when the model does not know), for the planner's
+  stability guard; ``wait_s`` is the time since submission while it
   is pending. Starting and in-flight jobs are handed to the policy as running at their committed size,
   so that the policy keeps their GPUs for them.
 """
@@ -78,6 +88,7 @@ class Snapshot:
     node_size: int
     decisions: Mapping[int, Decision] = field(default_factory=dict)
     node_free: Mapping[str, int] = field(default_factory=dict)  # free GPUs per managed node, now
+    unmanaged: Mapping[int, str] = field(default_factory=dict)  # elastic jobs left alone -> why
 
 
 class SpecCache:
@@ -159,7 +170,13 @@ def _with_info(req: JobRequest, r: JobRecord, job_info: JobInfoFor | None) -> Jo
     info = job_info(r) if job_info is not None else None
     if info is None:
         return req
-    return replace(req, noise_scale=info.noise_scale, base_batch=info.base_batch,
+    # A noise scale the driver reports wins over the model's (the daemon's model carries what the job
+    # reported, see profiles/learned.py); an unknown one keeps the model's rather than erasing it.
+    if info.noise_scale is not None:
+        ns, b0 = info.noise_scale, info.base_batch
+    else:
+        ns, b0 = req.noise_scale, req.base_batch
+    return replace(req, noise_scale=ns, base_batch=b0,
                    attained_gpu_s=info.attained_gpu_s, remaining_samples=info.remaining_samples)
 
 
@@ -189,9 +206,11 @@ def build_problem(
     allow_preemption: bool = False,
     spec_cache: SpecCache | None = None,
     job_info: JobInfoFor | None = None,
+    left_alone: Mapping[int, str] | None = None,
 ) -> Snapshot:
     """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
-    ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known."""
+    ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known;
+    ``left_alone`` maps job id -> reason for elastic jobs the driver must not act on."""
     parts = None if partitions is None else frozenset(partitions)
     in_flight = in_flight or {}
     cache = spec_cache or SpecCache()
@@ -209,10 +228,19 @@ def build_problem(
     elastic: list[JobRecord] = []
     specs: dict[int, ElasticSpec] = {}
     errors: dict[int, SpecError] = {}
+    unmanaged: dict[int, str] = {}
+    left_alone = left_alone or {}
     for r in jobs:
         if not r.is_active:
             continue
         is_el = managed_partition(r.partition) and is_elastic_comment(r.comment)
+        if is_el and r.job_id in left_alone and r.job_id not in in_flight:
+            unmanaged[r.job_id] = left_alone[r.job_id]
+            is_el = False
+        elif is_el and not r.requeueable and not r.is_pending and r.job_id not in in_flight:
+            unmanaged[r.job_id] = (f"not requeueable (--no-requeue, or JobRequeue=0 without --requeue): "
+                                   f"left at its {r.gpus_total} GPUs, never signalled to resize")
+            is_el = False
         if is_el:
             try:
                 specs[r.job_id] = cache.get(r.comment, r.job_id, size)
@@ -288,19 +316,26 @@ def build_problem(
         if status == RUNNING and gpus > 0:
             sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
         wait = max(0.0, now - r.submit_time) if (status == PENDING and r.submit_time is not None) else 0.0
+        measured_restart = getattr(model, "restart_s", None)
         req = JobRequest(
             job_id=r.job_id,
             spec=spec,
             model=model,
             running_gpus=gpus,
             running_batch=batch if gpus else None,
-            restart_s=spec.restart_s if spec.restart_s is not None else default_restart_s,
+            restart_s=measured_restart if measured_restart is not None else
+            spec.restart_s if spec.restart_s is not None else default_restart_s,
             wait_s=wait,
+            noise_scale=getattr(model, "noise_scale", None),
+            base_batch=getattr(model, "base_batch", None),
         )
         on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
         if on:
             req = replace(req, nodes=on, gpus_per_node=r.gpus_per_node)
-        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0)
+        facts = getattr(model, "facts", None)
+        known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
+        stepped = (r.restart_count in facts.stepped_restarts) if known else None
+        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped)
         cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         reqs.append(_with_info(req, r, job_info))
         views.append(view)
@@ -330,4 +365,5 @@ def build_problem(
         node_size=size,
         decisions=decisions,
         node_free={n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},
+        unmanaged=unmanaged,
     )

@@ -28,6 +28,24 @@ MAX_BATCH_LIMIT = 1 << 40
 MAX_ACCUM_LIMIT = 1 << 12
 MAX_POINTS = 256
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# ckpt_dir may not be (or be under) a system directory: the daemon reads there as root. A trailing
+# "*" matches any name that starts so (/var/lib/slurm-llnl, /var/lib/slurm-elastic). Same list in the plugin.
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib*", "/boot", "/dev", "/proc", "/sys", "/run", "/root",
+               "/var/lib/slurm*", "/var/spool/slurm*", "/var/run", "/var/log", "/var/lib/munge", "/var/lib/dpkg")
+
+
+def system_dir_of(path: str) -> str | None:
+    """The system directory that ``path`` is or lies under (``/`` itself included), else None."""
+    norm = "/" + "/".join(p for p in path.split("/") if p not in ("", "."))
+    if norm == "/":
+        return "/"
+    for d in SYSTEM_DIRS:
+        if d.endswith("*"):
+            if norm.startswith(d[:-1]):
+                return d
+        elif norm == d or norm.startswith(d + "/"):
+            return d
+    return None
 _INT_RE = re.compile(r"^[0-9]{1,15}$")
 _FLOAT_RE = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?$")
 
@@ -45,6 +63,11 @@ class SpecError(ValueError):
         if field is not None:
             where.append(f"field '{field}'")
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+def _num(v: float) -> str:
+    """Shortest text that parses back to the same float (``:g`` rounds to 6 digits: 112300.1 -> 112300)."""
+    return repr(float(v)).removesuffix(".0")
 
 
 @dataclass(frozen=True)
@@ -75,6 +98,7 @@ class ElasticSpec:
     weight: float = 1.0
     restart_s: float | None = None  # the user's estimate of checkpoint + restart time
     ckpt_dir: str | None = None  # where the job's checkpoints, stop acks and throughput reports go (%j = job id)
+    max_failures: int = 0  # crash policy: requeue from the last checkpoint after up to this many failures
 
     def checkpoint_dir(self, job_id: int | str, work_dir: str | None = None) -> str | None:
         """The job's checkpoint directory: ``ckpt_dir`` with ``%j`` replaced by the job id, else the
@@ -148,12 +172,12 @@ class ElasticSpec:
             v = getattr(self, f.name)
             if f.name == "points":
                 if v:
-                    parts.append("points=" + "|".join(f"{p.gpus}x{p.batch}@{p.samples_per_s:g}" for p in v))
+                    parts.append("points=" + "|".join(f"{p.gpus}x{p.batch}@{_num(p.samples_per_s)}" for p in v))
                 continue
             if v is None or v == f.default:
                 if f.name not in _REQUIRED:
                     continue
-            parts.append(f"{f.name}={v:g}" if isinstance(v, float) else f"{f.name}={v}")
+            parts.append(f"{f.name}={_num(v)}" if isinstance(v, float) else f"{f.name}={v}")
         return SPEC_PREFIX + ",".join(parts)
 
 
@@ -171,13 +195,47 @@ _INT_FIELDS = {
     "max_accum": MAX_ACCUM_LIMIT,
 }
 _FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
-_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir"}
+MAX_FAILURES_LIMIT = 100
+_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures"}
 _PATH_RE = re.compile(r"^/[A-Za-z0-9_./%+-]{0,255}$")
 
 
+# ASCII whitespace, exactly Lua's %s (C isspace): the plugin and this parser trim the same characters.
+_WS = " \t\n\r\v\f"
+
+
+def _invisible(c: str) -> bool:
+    """A character that may hide before the prefix: ASCII space/control, DEL, or any non-ASCII one
+    (NBSP, zero-width space, BOM, ...). In UTF-8 bytes: <= 0x20, 0x7f or >= 0x80, which is the rule
+    the Lua plugin applies byte by byte, so both sides agree on every string."""
+    o = ord(c)
+    return o <= 0x20 or o == 0x7F or o >= 0x80
+
+
+def comment_kind(comment: str | None) -> str:
+    """``"elastic"``, ``"malformed"`` or ``"plain"``: THE rule for "is this job elastic" (docs/SPEC.md).
+
+    Elastic: the comment starts with ``elastic:`` at its first character. Malformed: ``elastic:`` in
+    any ASCII letter case, or behind whitespace, control or non-ASCII characters (``" elastic:"``,
+    ``"\x1felastic:"``, ``"\u00a0elastic:"``, ``"Elastic:"``): such a comment declares intent but
+    is refused by the plugin and reported by the daemon, never run as a plain job behind its back
+    nor managed. Everything else is plain (not elastic).
+    """
+    if not comment:
+        return "plain"
+    if comment.startswith(SPEC_PREFIX):
+        return "elastic"
+    i = 0
+    while i < len(comment) and _invisible(comment[i]):
+        i += 1
+    head = comment[i:i + len(SPEC_PREFIX)]
+    return "malformed" if head.isascii() and head.lower() == SPEC_PREFIX else "plain"
+
+
 def is_elastic_comment(comment: str | None) -> bool:
-    """True when a job's comment declares it elastic (whether or not the spec is valid)."""
-    return bool(comment) and comment.strip().startswith(SPEC_PREFIX)
+    """True when a job's comment declares it elastic (whether or not the spec is valid, or even
+    well-placed: a malformed prefix is elastic intent that :func:`parse_spec` refuses)."""
+    return comment_kind(comment) != "plain"
 
 
 def _parse_int(value: str, name: str, job_id, limit: int) -> int:
@@ -224,19 +282,23 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
     """Parse an ``elastic:key=value,...`` comment into an :class:`ElasticSpec`; raise only SpecError."""
     if not isinstance(comment, str):
         raise SpecError("the comment is not text", job_id=job_id, field="comment")
-    text = comment.strip()
-    if not text.startswith(SPEC_PREFIX):
+    kind = comment_kind(comment)
+    if kind == "malformed":
+        raise SpecError(
+            f"the comment must start with {SPEC_PREFIX!r} at its first character (found whitespace, control "
+            "or non-ASCII characters, or another letter case, before it)", job_id=job_id, field="comment")
+    if kind != "elastic":
         raise SpecError(f"an elastic spec starts with {SPEC_PREFIX!r}", job_id=job_id, field="comment")
-    body = text[len(SPEC_PREFIX):]
-    if len(body) > 4096:
+    body = comment[len(SPEC_PREFIX):]
+    if len(body.encode("utf-8", "surrogatepass")) > 4096:  # bytes, as the plugin counts
         raise SpecError("the spec is longer than 4096 characters", job_id=job_id, field="comment")
     values: dict[str, object] = {}
     for item in body.split(","):
-        item = item.strip()
+        item = item.strip(_WS)
         if not item:
             continue
         key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
+        key, value = key.strip(_WS), value.strip(_WS)
         if not sep:
             raise SpecError(f"expected key=value, got {item!r}", job_id=job_id, field=key or "comment")
         if not key:
@@ -250,6 +312,11 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
             values[key] = _parse_int(value, key, job_id, _INT_FIELDS[key])
         elif key in _FLOAT_FIELDS:
             values[key] = _parse_float(value, key, job_id, _FLOAT_FIELDS[key])
+        elif key == "max_failures":
+            if not re.fullmatch(r"[0-9]{1,3}", value) or int(value) > MAX_FAILURES_LIMIT:
+                raise SpecError(f"expected an integer 0..{MAX_FAILURES_LIMIT}, got {value[:40]!r}",
+                                job_id=job_id, field=key)
+            values[key] = int(value)
         elif key == "ckpt_dir":
             if not _PATH_RE.match(value) or "/../" in value + "/" or "%" in value.replace("%j", ""):
                 raise SpecError(
@@ -257,6 +324,10 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
                     job_id=job_id,
                     field=key,
                 )
+            sysdir = system_dir_of(value)
+            if sysdir:
+                raise SpecError(f"{value[:80]!r} is a system directory ({sysdir}); use a directory of your own",
+                                job_id=job_id, field=key)
             values[key] = value
         elif key == "profile":
             if not _NAME_RE.match(value):

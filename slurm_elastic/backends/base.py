@@ -160,6 +160,19 @@ class SlurmBackend(abc.ABC):
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         """Send a signal to a running job's steps (or only its batch shell), e.g. to ask for a checkpoint."""
 
+    def requeue_failed(self, job_id: int) -> None:
+        """Put a finished (failed) batch job back in the queue, held, so the daemon places it again."""
+        raise SlurmError(f"job {job_id}: this backend cannot requeue a finished job")
+
     def version(self) -> str:
         """The Slurm release this backend talks to, e.g. '22.05.8'."""
         return "unknown"
+
+    def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
+        """Submit a held, never-running placeholder job carrying ``admin_comment`` (the daemon's lease,
+        daemon/lease.py). Backends without it raise NotImplementedError (the daemon then says so)."""
+        raise NotImplementedError
+
+    def cancel_lease(self, job_id: int) -> None:
+        """Cancel a placeholder job made by :meth:`submit_lease` (never a user's job)."""
+        raise NotImplementedError

@@ -162,6 +162,10 @@ class CliBackend(SlurmBackend):
         self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
         self.wait_requeued(job_id)
 
+    def requeue_failed(self, job_id: int) -> None:
+        # scontrol requeuehold also takes a finished batch job (until MinJobAge drops its record).
+        self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
+
     def wait_requeued(self, job_id: int, timeout: float = 120.0, poll: float = 0.2) -> JobRecord:
         """Wait until a requeued job has finished completing and is pending again.
 
@@ -223,6 +227,22 @@ class CliBackend(SlurmBackend):
         if start_now:
             # A requeued job otherwise waits cred_expire (120 s by default) before it may start.
             self._call("scontrol", ["update", f"JobId={jid}", "StartTime=now"])
+
+    def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
+        args = ["--parsable", "--hold", f"--job-name={name}", "--output=/dev/null", "--chdir=/", "--ntasks=1",
+                "--no-requeue", "--time=1", "--wrap=true"]
+        if partition:
+            args.append(f"--partition={partition}")
+        out = self._call("sbatch", args, retry=False)
+        try:
+            jid = int(out.strip().split(";")[0])
+        except ValueError as e:
+            raise SlurmParseError(f"sbatch printed no job id: {out[:80]!r}", argv=["sbatch", *args]) from e
+        self._call("scontrol", ["update", f"JobId={jid}", f"AdminComment={admin_comment}"])
+        return jid
+
+    def cancel_lease(self, job_id: int) -> None:
+        self._call("scancel", [self._jid(job_id)])
 
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         sig = signal.upper()

@@ -70,6 +70,7 @@ class SimJob:
     num_nodes: int
     held: bool
     requeueable: bool = True
+    hold_reason: str = "JobHeldUser"  # the plugin's submit hold, as Slurm shows it; root's holds: JobHeldAdmin
     admin_comment: str = ""
     total_samples: float | None = None  # elastic jobs
     duration_s: float | None = None  # non-elastic jobs
@@ -424,7 +425,7 @@ class SimulatedSlurm(SlurmBackend):
                     user=j.user,
                     partition=j.partition,
                     state=j.state,
-                    state_reason="JobHeldAdmin" if j.held else "",
+                    state_reason=j.hold_reason if j.held else "",
                     gpus_per_node=j.gpus_per_node,
                     gpus_total=j.gpus,
                     node_count=j.num_nodes,
@@ -466,6 +467,7 @@ class SimulatedSlurm(SlurmBackend):
             raise SlurmError(f"job {job_id} is not pending")
         self._changed(j)
         j.held = True
+        j.hold_reason = "JobHeldAdmin"
 
     def release(self, job_id: int) -> None:
         j = self._get(job_id)
@@ -492,6 +494,7 @@ class SimulatedSlurm(SlurmBackend):
         j.state = PENDING
         j.phase = ""
         j.held = True
+        j.hold_reason = "JobHeldUser"  # as Slurm shows a requeuehold, whoever ran it
         j.acked = False
         j.rate = 0.0
         j.restart_count += 1

@@ -11,14 +11,13 @@ cache load) time is reported apart from the solve times.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import os
 import resource
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import click
 import numpy as np

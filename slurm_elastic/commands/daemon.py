@@ -36,24 +36,31 @@ def daemon(config_path, once, dry_run, state_dir, poll_interval_s):
     """
     from slurm_elastic.daemon.loop import Daemon, setup_logging
     from slurm_elastic.daemon.state import LockHeld
+    from slurm_elastic.daemon.watchdog import sd_notify
 
     cfg = _load(config_path, state_dir=state_dir, poll_interval_s=poll_interval_s)
     setup_logging(cfg.log_level)
     d = Daemon(cfg, config_path=config_path, dry_run=dry_run)
+    # Signals and the watchdog first: a SIGTERM or a stall during the reconcile at start is handled too.
+    d.install_signals()
+    d.watchdog.start()
     try:
         d.open()
-    except LockHeld as e:
+    except (LockHeld, ConfigError) as e:
+        d.watchdog.close()
         raise click.ClickException(str(e)) from e
     except OSError as e:
+        d.watchdog.close()
         raise click.ClickException(f"cannot open the state directory {cfg.state_dir}: {e}") from e
+    sd_notify("READY=1")
     try:
-        d.install_signals()
         if once:
             d.cycle()
             import time
 
             deadline = time.monotonic() + cfg.ack_timeout_s
-            while d.enactor.in_flight and not dry_run and time.monotonic() < deadline:
+            while d.enactor.in_flight and not dry_run and time.monotonic() < deadline and not d.stop_event.is_set():
+                d.watchdog.progress("finishing in-flight resizes")
                 time.sleep(1.0)
                 d.records = {j.job_id: j for j in d.backend.list_jobs()}
                 d.enactor.poll()

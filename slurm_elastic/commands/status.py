@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -48,11 +49,13 @@ COLUMNS = {
         Column("samples_per_s", "SAMPLES/S", 9, True),
         Column("efficiency", "EFFICIENCY", 10, True),
         Column("rescales", "RESCALES", 8, True),
+        Column("model", "MODEL", 16),
         Column("last_change", "LAST-CHANGE", 19),
         Column("reason", "REASON", 30),
     ]
 }
-DEFAULT_FORMAT = "jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,last_change,reason"
+DEFAULT_FORMAT = ("jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,model,"
+                  "last_change,reason")
 
 
 def job_row(job: JobRecord) -> dict:
@@ -75,6 +78,7 @@ def job_row(job: JobRecord) -> dict:
         "samples_per_s": None,
         "efficiency": None,
         "last_change": None,
+        "model": None,  # the daemon's model provenance: profile, declared, fitted from N reports, prior
         "elastic": is_elastic_comment(job.comment),
         "spec_error": None,
         "reason": job.state_reason if job.state_reason not in ("None", "") else "",
@@ -103,7 +107,7 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
     if not view:
         return row
     row = dict(row)
-    for key in ("samples_per_s", "efficiency"):
+    for key in ("samples_per_s", "efficiency", "model", "model_uncertainty", "noise_scale", "restart_s"):
         if view.get(key) is not None:
             row[key] = view[key]
     if view.get("rescales") is not None:
@@ -114,7 +118,48 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
         row["target_gpus"] = view["target_gpus"]
     if view.get("reason") and not row["reason"].startswith("bad"):
         row["reason"] = view["reason"]
+    if view.get("model"):  # where the job's throughput model comes from (report, profile, default)
+        row["model"] = view["model"]
+    if view.get("report_error"):
+        row["report_error"] = view["report_error"]
+        row["reason"] = f"{row['reason']}; report not used: {view['report_error']}".lstrip("; ")
     return row
+
+
+def history_rows(state_dir: str | None, active: set[int]) -> list[dict]:
+    """Jobs the daemon's decision log has but Slurm no longer lists: their last decided size and batch."""
+    from slurm_elastic.daemon.state import StateDB
+
+    if not state_dir:
+        return []
+    try:
+        db = StateDB(state_dir, readonly=True)
+    except (FileNotFoundError, OSError):
+        return []
+    try:
+        decisions = db.decisions()
+    except Exception:  # an older or locked database must not break status
+        return []
+    finally:
+        db.close()
+    last: dict[int, dict] = {}
+    count: dict[int, int] = {}
+    for d in decisions:
+        jid = int(d["job_id"])
+        if jid in active:
+            continue
+        last[jid] = d
+        if d["action"] == "resize" and d["status"] == "done":
+            count[jid] = count.get(jid, 0) + 1
+    rows = []
+    for jid, d in last.items():
+        rows.append({"jobid": jid, "partition": "-", "name": "-", "user": "-", "state": "ENDED", "st": "E",
+                     "gpus": d.get("gpus_to"), "nodes": None, "rescales": count.get(jid, 0), "held": False,
+                     "range": "-", "batch": d.get("batch"), "samples_per_s": None, "efficiency": None,
+                     "last_change": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(d["ts"])), "elastic": True,
+                     "spec_error": None, "reason": f"last: {d['action']} {d['status']}"
+                     + (f" ({d['message']})" if d.get("message") else "")})
+    return rows
 
 
 def load_daemon_views(state_dir: str | None) -> dict[int, dict]:
@@ -128,19 +173,43 @@ def load_daemon_views(state_dir: str | None) -> dict[int, dict]:
     except (FileNotFoundError, OSError):
         return {}
     try:
-        return db.job_views()
+        views = db.job_views()
+        for jid, m in (db.get_meta("models", {}) or {}).items():
+            if isinstance(m, dict) and str(jid).isdigit():
+                views.setdefault(int(jid), {}).update(model=m.get("model"), report_error=m.get("report_error"))
+        return views
     except Exception:  # an older or locked database must not break status
         return {}
     finally:
         db.close()
 
 
-def _cell(value) -> str:
+def short_provenance(p: str | None) -> str:
+    """``fitted from 3 reports`` -> ``fitted(3)``, ``profile cifar10`` -> ``profile``: fits a column."""
+    if not p:
+        return "-"
+    words = p.split()
+    if words[0] == "fitted" and len(words) >= 3 and words[2].isdigit():
+        return f"fitted({words[2]})"
+    return words[0]
+
+
+def _cell(value, key: str = "") -> str:
+    if key == "model":
+        return short_provenance(value)
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.2f}" if value < 10 else f"{value:.0f}"
-    return str(value)
+    return printable(str(value))
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: control characters (a newline in a job name) shown escaped, never raw."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ("\\n" if c == "\n" else f"\\x{ord(c):02x}" if ord(c) < 0x100
+                                              else f"\\u{ord(c):04x}") for c in text)
 
 
 def format_table(rows: list[dict], fmt: str = DEFAULT_FORMAT, header: bool = True) -> str:
@@ -149,7 +218,7 @@ def format_table(rows: list[dict], fmt: str = DEFAULT_FORMAT, header: bool = Tru
     if header:
         lines.append(" ".join(_pad(c.header, c) for c in cols).rstrip())
     for r in rows:
-        lines.append(" ".join(_pad(_cell(r.get(c.key)), c) for c in cols).rstrip())
+        lines.append(" ".join(_pad(_cell(r.get(c.key), c.key), c) for c in cols).rstrip())
     return "\n".join(lines)
 
 
@@ -205,10 +274,12 @@ def _csv(value: str | None) -> list[str]:
 @click.option("-j", "--jobs", "job_ids", help="Only these job ids (comma-separated).")
 @click.option("-p", "--partition", "partitions", help="Only these partitions (comma-separated).")
 @click.option("-a", "--all", "all_jobs", is_flag=True, help="Also list jobs that are not elastic.")
+@click.option("--history", is_flag=True,
+              help="Also list ended jobs: Slurm's finished records, and jobs only the daemon's log still has.")
 @click.option("--state-dir", default=None, envvar="SLURM_ELASTIC_STATE_DIR",
               help="The daemon's state directory (default: state_dir of the daemon's configuration).")
 @click.option("--config", "config_path", default=None, envvar="SLURM_ELASTIC_CONFIG", help="The daemon's TOML configuration.")
-def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs, state_dir, config_path):
+def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs, history, state_dir, config_path):
     """Show elastic jobs, squeue-style: GPUs now and allowed, batch, restarts, reason.
 
     Reads the Slurm cluster that SLURM_CONF points at (as squeue does).
@@ -221,18 +292,26 @@ def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs, state_d
         raise click.BadParameter(f"job ids must be integers: {job_ids!r}", param_hint="-j") from e
     cols = parse_format(fmt)
     try:
-        jobs = CliBackend().list_jobs()
+        jobs = CliBackend().list_jobs(include_finished=history)
     except SlurmError as e:
         raise click.ClickException(f"cannot read jobs from Slurm: {e}") from e
+    source = "--state-dir/SLURM_ELASTIC_STATE_DIR"
     if state_dir is None:
-        from slurm_elastic.daemon.config import ConfigError, load_config
+        from slurm_elastic.daemon.config import DEFAULT_PATH, ConfigError, load_config
 
         try:
             state_dir = load_config(config_path).state_dir
         except ConfigError as e:
             raise click.ClickException(str(e)) from e
+        source = f"the daemon configuration {config_path or DEFAULT_PATH}"
+    if not (Path(state_dir) / "state.sqlite3").exists() and not as_json:
+        # Say so instead of silently printing '-' in every daemon column.
+        click.echo(f"status: no daemon state in {state_dir} (from {source}); SAMPLES/S, EFFICIENCY and "
+                   "LAST-CHANGE are unknown. Give --config/SLURM_ELASTIC_CONFIG or --state-dir.", err=True)
     views = load_daemon_views(state_dir)
     rows = [merge_daemon_view(job_row(j), views.get(j.job_id)) for j in jobs]
+    if history:
+        rows += history_rows(state_dir, {j.job_id for j in jobs})
     rows = select(rows, set(_csv(users)), ids, set(_csv(partitions)), all_jobs)
     rows.sort(key=lambda r: r["jobid"])
     if as_json:

@@ -27,7 +27,7 @@ class DaemonConfig:
     cooldown_s: float = 300.0  # minimum time between two rescales of one job
     max_in_flight: int = 4  # most resizes under way at once
     ack_timeout_s: float = 300.0  # wait this long for a job's checkpoint ack, then leave it running
-    restart_cost_s: float = 45.0  # checkpoint + requeue + restart estimate for jobs that give none
+    restart_cost_s: float = 45.0  # restart cost until measured for the job (spec restart_s, else this)
     horizon_s: float = 3600.0  # restart costs are weighed against gains over this horizon
     allow_preemption: bool = False  # may the daemon stop a running elastic job to admit others?
     signal: str = "USR2"  # the checkpoint-and-stop signal sent to a job's steps
@@ -37,6 +37,10 @@ class DaemonConfig:
     metrics_port: int = 9788
     slurm_bin: str = "/usr/bin"  # where squeue/scontrol/sinfo/scancel live
     slurm_timeout_s: float = 30.0  # per Slurm command
+    max_weight: float = 10.0  # site maximum of a spec's weight; a job asking more is refused (bad spec)
+    watchdog_s: float = 600.0  # a cycle (or a stop) stuck this long ends the process (systemd restarts it); 0 = off
+    lease_ttl_s: float = 90.0  # one daemon per cluster (daemon/lease.py); at least 3 polls; 0 = no lease
+    backend: str = "cli"  # cli | pyslurm | auto (pyslurm if it imports and matches Slurm's version)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:
@@ -49,6 +53,7 @@ class DaemonConfig:
 DEFAULTS = DaemonConfig()
 _POLICIES = ("dp", "fixed-batch", "static")
 _LEVELS = ("debug", "info", "warning", "error")
+_BACKENDS = ("auto", "cli", "pyslurm")
 
 
 def load_config(path: str | Path | None = None, *, must_exist: bool = False, overrides: dict | None = None) -> DaemonConfig:
@@ -98,12 +103,33 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
     cfg = DaemonConfig(**values)
     if cfg.policy not in _POLICIES:
         raise ConfigError(f"{source}: policy must be one of {', '.join(_POLICIES)}, got {cfg.policy!r}")
+    if cfg.backend not in _BACKENDS:
+        raise ConfigError(f"{source}: backend must be one of {', '.join(_BACKENDS)}, got {cfg.backend!r}")
     if cfg.log_level.lower() not in _LEVELS:
         raise ConfigError(f"{source}: log_level must be one of {', '.join(_LEVELS)}, got {cfg.log_level!r}")
     if cfg.poll_interval_s < 1:
         raise ConfigError(f"{source}: poll_interval_s must be at least 1")
     if not 0 < cfg.metrics_port < 65536:
         raise ConfigError(f"{source}: metrics_port must be in 1..65535")
+    if cfg.max_weight <= 0:
+        raise ConfigError(f"{source}: max_weight must be positive")
     if cfg.max_in_flight < 1:
         raise ConfigError(f"{source}: max_in_flight must be at least 1")
     return cfg
+
+
+def check_managed_partitions(cfg: DaemonConfig, nodes) -> None:
+    """Refuse a configuration that manages nothing: a managed partition Slurm does not have (or whose
+    nodes have no GPUs) would silently give 0 managed GPUs. ``nodes``: the NodeRecords Slurm lists."""
+    gpus: dict[str, int] = {}
+    for n in nodes:
+        for p in n.partitions:
+            gpus[p] = gpus.get(p, 0) + n.gpus_total
+    unknown = [p for p in cfg.partitions if p not in gpus]
+    if unknown:
+        raise ConfigError(f"partitions: {', '.join(map(repr, unknown))} not found in Slurm "
+                          f"(it has: {', '.join(sorted(gpus)) or 'none'}); the daemon would manage nothing there")
+    if cfg.partitions and not any(gpus[p] for p in cfg.partitions):
+        raise ConfigError(f"partitions: {', '.join(cfg.partitions)} have no GPUs; the daemon would manage nothing")
+    if not cfg.partitions and nodes and not any(gpus.values()):
+        raise ConfigError("no partition of this cluster has GPUs; the daemon would manage nothing")

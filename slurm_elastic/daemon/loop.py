@@ -7,8 +7,10 @@ backend, with three things the simulator does not need:
   action, and :func:`reconcile` that finishes or rolls back open intents at start and every cycle;
 - a **checkpoint-ack source** (:class:`CheckpointDirAck`): a job's stop acknowledgement is the file
   the in-job library writes in its ``ckpt_dir`` (``stop-ack.<job>.<restart>.json``);
-- **online profiles** (:class:`ModelRegistry`): the throughput a job reports in its ``ckpt_dir``
-  refits its parametric model, falling back to its named profile, its declared points, or a default.
+- **learned job models** (:class:`ModelRegistry`): what a job reports in its ``ckpt_dir``
+  (throughput, gradient noise scale, first step after each restart) updates its model from the first
+  report on, over a prior (its named profile, its declared points, or a conservative default);
+  measured restart costs go to the decision log.
 
 Failures of Slurm (a timeout, garbled JSON, slurmctld down) skip the cycle with a log line and back
 off; nothing is acted on from a partial read. The daemon never cancels a job.
@@ -27,15 +29,42 @@ from pathlib import Path
 from slurm_elastic import planner as pl
 from slurm_elastic.backends.base import JobRecord, SlurmBackend, SlurmError, SlurmParseError
 from slurm_elastic.daemon.caps import CappedPolicy
-from slurm_elastic.daemon.config import DaemonConfig, load_config
+from slurm_elastic.daemon.config import ConfigError, DaemonConfig, check_managed_partitions, load_config
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
+from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
+from slurm_elastic.daemon.siterules import SiteRules
 from slurm_elastic.daemon.state import DaemonLock, StateDB, action_from_json
+from slurm_elastic.daemon.userfiles import UserFileError
+from slurm_elastic.daemon.userfiles import read_json as read_user_json
+from slurm_elastic.daemon.watchdog import Watchdog, sd_notify
 from slurm_elastic.enact import CycleState, Enactor, run_cycle
 from slurm_elastic.profiles import Observation, ParametricModel, model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.profiles.learned import JobFacts, learn
 from slurm_elastic.spec import ElasticSpec, SpecError, parse_spec
 
 log = logging.getLogger("slurm_elastic.daemon")
+
+
+def logfmt_value(v) -> str:
+    """One logfmt value: quoted when needed, with every control character (and Unicode line break)
+    escaped, so a user's spec, path or job name can neither break a line nor forge a field."""
+    s = str(v)
+    if s and not any(c in s for c in ' "=\\') and s.isprintable():
+        return s
+    out = []
+    for c in s:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif not c.isprintable() and c != " ":
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -45,13 +74,9 @@ class LogfmtFormatter(logging.Formatter):
         fields = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created)),
                   "level": record.levelname.lower(), "msg": record.getMessage()}
         fields.update(getattr(record, "kv", {}) or {})
-        out = []
-        for k, v in fields.items():
-            s = str(v)
-            if s == "" or any(c in s for c in ' "=\\\n'):
-                s = '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-            out.append(f"{k}={s}")
-        return " ".join(out)
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        return " ".join(f"{logfmt_value(k)}={logfmt_value(v)}" for k, v in fields.items())
 
 
 def setup_logging(level: str) -> None:
@@ -67,74 +92,159 @@ def event(level: int, msg: str, **kv) -> None:
     log.log(level, msg, extra={"kv": kv})
 
 
-# Assumed until a job reports throughput or names a profile: ~0.1 s compute per 100 samples per GPU,
-# all-reduce 10 ms + 2 ms per extra GPU, 20 ms more across nodes (about 85% efficiency at 8 GPUs).
+# The conservative default prior, until a job reports or names a profile: ~0.1 s compute per 100 samples
+# per GPU, all-reduce 10 ms + 2 ms per extra GPU, 20 ms more across nodes (about 85% efficiency at 8
+# GPUs). Its scale is matched to the job's first report (profiles/learned.py).
 DEFAULT_MODEL = ParametricModel([0.01, 0.001, 0.01, 0.002, 0.02, 0.005], name="default")
-
-
-MIN_FIT_GPU_COUNTS = 3
 
 
 @dataclass
 class ModelRegistry:
-    """Throughput model per job: online fit of reported points, else profile/points, else default."""
+    """The model of every job: its prior (profile, declared points, default) and what it reported.
+
+    The report (``throughput.json`` in the job's ckpt_dir: points, noise scale, base batch, first-step
+    times per restart) is read through :mod:`userfiles` (no symlinks, FIFOs, foreign files or unbounded
+    reads) and checked by :mod:`reports` (finite, in range; points kept only when consistent with how
+    long Slurm ran the job on that GPU count). A bad report is that job's problem (``problems``, logged
+    once per change); the job keeps its prior. Returns a :class:`LearnedModel` carrying provenance,
+    uncertainty and the reported facts. The restart cost is measured from the daemon's signal times
+    (:meth:`note_signal`) and the job's first step after the restart; new figures wait in
+    :attr:`measured` for the daemon's decision log.
+    """
 
     node_size: int = 4
-    _fits: dict = field(default_factory=dict)
-    sources: dict = field(default_factory=dict)  # job id -> "reported (n points)" | "profile" | ...
+    evidence: RunEvidence = field(default_factory=RunEvidence)
+    _models: dict = field(default_factory=dict)  # job id -> (key, model): same inputs, same object
+    sources: dict = field(default_factory=dict)  # job id -> provenance of its model, shown by status
+    problems: dict = field(default_factory=dict)  # job id -> what was wrong with its report
+    signals: dict = field(default_factory=dict)  # (job id, restart count) -> wall time of the resize signal
+    restarts: dict = field(default_factory=dict)  # (job id, restart) -> {"daemon_s", "job_s"}
+    measured: list = field(default_factory=list)  # new restart measurements: (job id, restart, figures)
 
-    def reported(self, job: JobRecord, spec: ElasticSpec) -> list[Observation]:
+    def _problem(self, job_id: int, text: str | None) -> None:
+        if text and self.problems.get(job_id) != text:
+            event(logging.WARNING, "throughput report not used", job=job_id, error=text)
+        if text:
+            self.problems[job_id] = text
+        else:
+            self.problems.pop(job_id, None)
+
+    def note_signal(self, job_id: int, restart_count: int | None, when: float) -> None:
+        if restart_count is not None:
+            self.signals.setdefault((int(job_id), int(restart_count)), when)
+
+    def _report(self, job: JobRecord, spec: ElasticSpec) -> tuple[list[Observation], dict | None, int]:
+        """(observations from verified points, the rest of the report, unverified points ignored).
+
+        The report is ``None`` when the job has no directory, ``{}`` when its file was rejected."""
+        from slurm_elastic.train.protocol import THROUGHPUT_NAME, parse_report
+
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
-            return []
-        from slurm_elastic.train.protocol import read_throughput
-
+            return [], None, 0
         try:
-            points = read_throughput(d)
-        except (OSError, ValueError):
-            return []
+            data = read_user_json(d, THROUGHPUT_NAME, job.user_id)
+            points = validate_report(data, job.job_id) if data is not None else []
+        except UserFileError as e:
+            self._problem(job.job_id, f"{e.path}: {e.reason}")
+            return [], {}, 0
+        except ReportError as e:
+            self._problem(job.job_id, f"{d.rstrip('/')}/{THROUGHPUT_NAME}: {e}")
+            return [], {}, 0
+        except OSError as e:
+            self._problem(job.job_id, f"{d}: {e.strerror or e}")
+            return [], {}, 0
+        report = parse_report(data if isinstance(data, dict) else {})
+        report.pop("points", None)
+        verified, why = verify_points(points, job.job_id, self.evidence)
+        self._problem(job.job_id, f"unverified points ignored: {'; '.join(why)[:300]}" if why else None)
         obs = []
-        for p in points:
-            try:
-                k, b, sps = int(p["gpus"]), int(p["batch"]), float(p["samples_per_s"])
-            except (TypeError, ValueError):
-                continue
+        for p in verified:
+            k, b, sps = p["gpus"], p["batch"], float(p["samples_per_s"])
             split = spec.split_batch(k, b)
-            if split is None or sps <= 0:
+            if split is None:
                 continue
             nodes = 1 if k <= self.node_size else -(-k // self.node_size)
             obs.append(Observation(k, nodes, split[0], split[1], sps))
-        return obs
+        return obs, report, len(why)
+
+    def reported(self, job: JobRecord, spec: ElasticSpec) -> list[Observation]:
+        return self._report(job, spec)[0]
+
+    def _restart_s(self, job: JobRecord, starts: list[dict]) -> float | None:
+        """Mean measured restart cost: the daemon's signal -> first step when known, else the job's own
+        stop -> first step. New measurements are queued in :attr:`measured`."""
+        for st in starts:
+            r = st["restart_count"]
+            key = (job.job_id, r)
+            if r < 1 or key in self.restarts:
+                continue
+            sig = self.signals.get((job.job_id, r - 1))
+            daemon_s = st["first_step"] - sig if sig is not None and st["first_step"] > sig else None
+            job_s = st["first_step"] - st["stop"] if st.get("stop") and st["first_step"] > st["stop"] else None
+            if daemon_s is None and job_s is None:
+                continue
+            fig = {"daemon_s": daemon_s, "job_s": job_s}
+            self.restarts[key] = fig
+            self.measured.append((job.job_id, r, fig))
+        return self.restart_cost(job.job_id)
+
+    def restart_cost(self, job_id: int) -> float | None:
+        """Mean of the job's measured restart costs (daemon's view first), None before any."""
+        vals = [f["daemon_s"] if f["daemon_s"] is not None else f["job_s"]
+                for (j, _), f in self.restarts.items() if j == job_id]
+        return sum(vals) / len(vals) if vals else None
 
     def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
-        obs = self.reported(job, spec)
-        # A six-term fit from reports at one or two GPU counts extrapolates wildly to the others (seen
-        # on the local cluster: a 4x error), so the job's prior stays in charge until it has reported
-        # at three or more GPU counts.
-        if len({o.gpus for o in obs}) >= MIN_FIT_GPU_COUNTS:
-            key = (job.job_id, tuple(obs))
-            model = self._fits.get(key)
-            if model is None:
-                model = ParametricModel.fit(obs, name=f"job{job.job_id}")
-                self._fits = {k: v for k, v in self._fits.items() if k[0] != job.job_id}
-                self._fits[key] = model
-            self.sources[job.job_id] = f"reported ({len(obs)} points)"
-            return model
+        obs, report, unverified = self._report(job, spec)
+        starts = (report or {}).get("starts", [])
+        facts = JobFacts(noise_scale=(report or {}).get("noise_scale"), base_batch=(report or {}).get("base_batch"),
+                         restart_s=self._restart_s(job, starts),
+                         stepped_restarts=None if report is None else frozenset(st["restart_count"] for st in starts))
         if spec.profile or spec.points:
-            self.sources[job.job_id] = f"profile {spec.profile}" if spec.profile else "declared points"
-            return model_for_spec(spec, self.node_size, job.job_id)
-        self.sources[job.job_id] = "default"
-        return DEFAULT_MODEL
+            prior = model_for_spec(spec, self.node_size, job.job_id)  # SpecError names the job and field
+            kind = "profile" if spec.profile else "declared"
+        else:
+            prior, kind = DEFAULT_MODEL, "prior"
+        running = job.gpus_total if job.is_running else 0
+        key = (tuple(obs), id(prior), kind, running, spec.min_gpus, facts)
+        hit = self._models.get(job.job_id)
+        if hit is not None and hit[0] == key:
+            model = hit[1]
+        else:
+            model = learn(prior, kind, obs, running_gpus=running, min_gpus=spec.min_gpus, facts=facts,
+                          name=f"job{job.job_id}")
+            self._models[job.job_id] = (key, model)
+        note = ""
+        if unverified:
+            note = f", {unverified} unverified ignored"
+        elif job.job_id in self.problems:
+            note = " (report rejected)"
+        self.sources[job.job_id] = model.provenance + note
+        return model
+
+    def forget(self, live: set) -> None:
+        """Drop what is kept for jobs no longer in Slurm."""
+        self._models = {j: v for j, v in self._models.items() if j in live}
+        self.sources = {j: v for j, v in self.sources.items() if j in live}
+        self.problems = {j: v for j, v in self.problems.items() if j in live}
+        self.signals = {k: v for k, v in self.signals.items() if k[0] in live}
+        self.restarts = {k: v for k, v in self.restarts.items() if k[0] in live}
 
 
 class CheckpointDirAck:
-    """A job acknowledged a stop when its ``stop-ack.<job>.<restart>.json`` is in its ckpt_dir."""
+    """A job acknowledged a stop when its ``stop-ack.<job>.<restart>.json`` is in its ckpt_dir.
+
+    Read through :mod:`userfiles`: a FIFO, symlink or foreign file there is refused at once (the resize
+    then times out and the job keeps running), and never blocks the daemon.
+    """
 
     def __init__(self, records):
         self.records = records  # callable: job id -> JobRecord of the latest read
+        self._said: dict[int, str] = {}  # job id -> the last problem logged (once per change, not per poll)
 
     def checkpoint_acked(self, job_id: int) -> bool:
-        from slurm_elastic.train.protocol import read_ack
+        from slurm_elastic.train.protocol import ack_path
 
         job = self.records().get(int(job_id))
         if job is None:
@@ -146,10 +256,16 @@ class CheckpointDirAck:
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return False
+        name = ack_path(d, job.job_id, job.restart_count).name
         try:
-            return read_ack(d, job.job_id, job.restart_count) is not None
-        except (OSError, ValueError):
+            data = read_user_json(d, name, job.user_id, max_bytes=64 * 1024)
+        except (UserFileError, OSError) as e:
+            if self._said.get(int(job_id)) != str(e):
+                self._said[int(job_id)] = str(e)
+                event(logging.WARNING, "stop-ack not readable", job=job_id, path=f"{d.rstrip('/')}/{name}", error=str(e))
             return False
+        return (isinstance(data, dict) and str(data.get("job_id")) == str(job.job_id)
+                and data.get("restart_count") == job.restart_count)
 
 
 class DBJournal:
@@ -162,6 +278,15 @@ class DBJournal:
     def step(self, action: pl.Action, step: str) -> None:
         job = self.daemon.records.get(int(action.job_id))
         self.db.write_intent(action, step, job.restart_count if job else None)
+        if step == "signal" and job is not None:
+            self.daemon.models.note_signal(job.job_id, job.restart_count, time.time())
+        # The daemon's own holds, told apart from an operator's (daemon/oversight.py).
+        if step == "requeue_hold":
+            self.db.mark_held(action.job_id, job.restart_count + 1 if job else 1 << 30)
+        elif step == "hold":
+            self.db.mark_held(action.job_id, job.restart_count if job else 1 << 30)
+        elif step == "release":
+            self.db.unmark_held(action.job_id)
         event(logging.INFO, "action step", job=action.job_id, action=action.kind, step=step)
 
     def finish(self, action: pl.Action, status: str, message: str) -> None:
@@ -208,6 +333,10 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
             done.append(f"job {jid}: gone from Slurm; intent closed")
             continue
         held_by_us = job.is_pending and job.held
+        if isinstance(action, pl.Hold):
+            db.close_intent(jid)  # a hold is one call: done or not, the next cycle's plan covers it
+            done.append(f"job {jid}: hold intent closed ({'held' if job.held else job.state})")
+            continue
         if isinstance(action, pl.Start) or (isinstance(action, pl.Resize) and step in ("update", "release")):
             if held_by_us:
                 enactor._place(action)  # update (idempotent) + release
@@ -255,17 +384,19 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig, backend: SlurmBackend | None = None, *, config_path=None,
                  dry_run: bool = False, ack=None, clock=time.monotonic):
-        from slurm_elastic.backends.cli import CliBackend
+        from slurm_elastic.backends.choose import make_backend
         from slurm_elastic.policies import get_policy
 
         self.config = config
         self.config_path = config_path
         self.dry_run = dry_run
-        self.backend = backend or CliBackend(bin_dir=config.slurm_bin, timeout=config.slurm_timeout_s)
+        self.backend = backend or make_backend(config)
         self.metrics = Metrics()
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
         self.models = ModelRegistry()
+        self.rules = SiteRules(config.max_weight, config.state_dir)
+        self.watchdog = Watchdog(config.watchdog_s)
         self.records: dict[int, JobRecord] = {}
         self.ack = ack if ack is not None else CheckpointDirAck(lambda: self.records)
         self.clock = clock
@@ -280,19 +411,42 @@ class Daemon:
         self.server: MetricsServer | None = None
         self.backoff_s = 0.0
         self.last_results: list = []
+        self._was_elastic: set[int] = set()  # elastic jobs of the last cycle (oversight)
+        self._config_unchecked = False  # the managed partitions could not be checked against Slurm yet
+        self.lease = None
+        if config.lease_ttl_s > 0:
+            from slurm_elastic.daemon.lease import Lease
+
+            self.lease = Lease(self.backend, config.state_dir, max(config.lease_ttl_s, 3 * config.poll_interval_s),
+                               config.partitions[0] if config.partitions else None)
+        self.refused_by: str | None = None  # why this daemon does not act (another daemon's lease)
+        self._notes: dict[int, str] = {}  # job -> last logged oversight note
+        self._left: dict[int, str] = {}  # job -> why it was left alone last cycle
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
-        """Take the lock, open the state, restore books, reconcile open intents, start metrics."""
+        """Take the lock, check the config against Slurm, open the state, restore books, reconcile open
+        intents, start metrics. Raises ConfigError for a configuration that manages nothing."""
         self.lock.acquire()
+        try:
+            self._check_config(self.config)
+        except ConfigError:
+            self.lock.release()
+            raise
         self.db = StateDB(self.config.state_dir)
         self.journal = DBJournal(self.db, self)
         self.enactor = Enactor(self.backend, self.ack, clock=self.clock, ack_timeout_s=self.config.ack_timeout_s,
                                signal=self.config.signal, journal=None if self.dry_run else self.journal)
         self.state.books = self.db.load_books()
+        self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
+        self._was_elastic = set(self.db.job_views())
         if not self.dry_run:
+            self.watchdog.progress("reconcile at start")
             try:
-                self.records = {j.job_id: j for j in self.backend.list_jobs()}
+                records = self.backend.list_jobs()
+                self.records = {j.job_id: j for j in records}
+                if self._lease_refuses(records):
+                    raise SlurmError("another daemon holds this cluster; reconcile waits")
                 reconcile(self.db, self.backend, self.enactor, self.journal)
             except SlurmError as e:
                 event(logging.ERROR, "cannot reconcile at start; will retry next cycle", error=str(e))
@@ -306,7 +460,30 @@ class Daemon:
         event(logging.INFO, "daemon started", policy=self.config.policy, state_dir=self.config.state_dir,
               partitions=",".join(self.config.partitions) or "all", dry_run=self.dry_run)
 
+    def _lease_refuses(self, records) -> bool:
+        """One daemon per cluster (daemon/lease.py): True (logged loudly) when this one must not act."""
+        if self.lease is None or self.dry_run:
+            return False  # `plan` and --dry-run act on nothing: the running daemon holds the lease
+        try:
+            why = self.lease.check(records)
+        except SlurmError as e:
+            why = f"cannot write this daemon's lease into Slurm ({e}); not acting without it"
+        if self.lease.unsupported and self.refused_by is None and self.cycle_no <= 1:
+            event(logging.WARNING, "this backend keeps no lease: a second daemon would not be detected")
+        if why:
+            self.metrics.inc("slurm_elastic_errors_total", kind="second_daemon")
+            event(logging.CRITICAL, "refusing to act", reason=why)
+        elif self.refused_by:
+            event(logging.WARNING, "this daemon holds the cluster again", lease_job=self.lease.job_id)
+        self.refused_by = why
+        if self.db is not None:
+            self.db.set_meta("refused", why)
+        return why is not None
+
     def close(self) -> None:
+        self.watchdog.close()
+        if self.lease is not None and not self.dry_run:
+            self.lease.release()
         if self.server:
             self.server.stop()
             self.server = None
@@ -315,16 +492,35 @@ class Daemon:
             self.db = None
         self.lock.release()
 
+    def _check_config(self, cfg: DaemonConfig, *, quiet: bool = False) -> bool:
+        """Check the managed partitions against Slurm's nodes; False when Slurm cannot be read now (the
+        check is then repeated at the first cycle that reads Slurm)."""
+        try:
+            nodes = self.backend.list_nodes()
+        except SlurmError as e:
+            if not quiet:
+                event(logging.ERROR, "cannot check the managed partitions against Slurm; will check at the "
+                      "next cycle", error=str(e))
+            self._config_unchecked = True
+            return False
+        check_managed_partitions(cfg, nodes)
+        self._config_unchecked = False
+        return True
+
     def reload(self) -> None:
         from slurm_elastic.policies import get_policy
 
         try:
             cfg = load_config(self.config_path)
+            if not self._check_config(cfg, quiet=True) and cfg.partitions != self.config.partitions:
+                raise ConfigError("Slurm cannot be read to check the new managed partitions")
         except Exception as e:
             event(logging.ERROR, "reload failed; keeping the old configuration", error=str(e))
             return
         self.config = cfg
         self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user)
+        self.rules = SiteRules(cfg.max_weight, cfg.state_dir)
+        self.watchdog.limit_s = cfg.watchdog_s
         if self.enactor:
             self.enactor.ack_timeout_s = cfg.ack_timeout_s
             self.enactor.signal_name = cfg.signal
@@ -359,35 +555,55 @@ class Daemon:
         """Run one cycle; returns the CycleResult, or None when Slurm could not be read."""
         cfg = self.config
         self.cycle_no += 1
+        self.watchdog.progress(f"cycle {self.cycle_no}")
         t0 = time.perf_counter()
         self.metrics.inc("slurm_elastic_cycles_total")
+        if self._config_unchecked:
+            try:
+                if not self._check_config(cfg, quiet=True):
+                    return self._skip_cycle(SlurmError("cannot read Slurm's nodes to check the managed partitions"))
+            except ConfigError as e:
+                event(logging.CRITICAL, "configuration refused; the daemon stops", error=str(e))
+                self._stop_asked = True
+                self.stop_event.set()
+                return None
         if not self.dry_run and self.enactor is not None:
             # Finish acknowledged resizes *before* the cycle's read, so that the read shows their result.
             try:
                 self.enactor.poll()
             except SlurmError as e:
                 event(logging.ERROR, "cannot poll in-flight resizes", error=str(e))
+        if not self.dry_run and self.db is not None:
+            self._crash_policy()
         try:
             records = self.backend.list_jobs()
         except SlurmError as e:
             return self._skip_cycle(e)
         self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
+        if self._lease_refuses(records):
+            return None
         if not self.dry_run and reconcile(self.db, self.backend, self.enactor, self.journal):
             try:  # reconcile acted: read again rather than plan on what it changed
                 records = self.backend.list_jobs()
             except SlurmError as e:
                 return self._skip_cycle(e)
             self.records = {j.job_id: j for j in records}
+        left_alone = self._oversee(records)
         now = self.clock()
+        wall = time.time()
+        for r in records:
+            if r.is_running:
+                self.models.evidence.observe(r.job_id, r.restart_count, r.gpus_total, r.start_time, wall)
         backend = _Snapshotted(self.backend, records)
         try:
             result = run_cycle(
                 backend, self.policy, _NoPoll(self.enactor) if not self.dry_run else _DryEnactor(self.enactor), self.state,
-                model_for=self.models, now=now,
+                model_for=self._model_for, now=now,
                 planner_config=pl.PlannerConfig(cooldown_s=cfg.cooldown_s, max_in_flight=cfg.max_in_flight,
                                                 allow_preemption=cfg.allow_preemption),
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
+                left_alone=left_alone,
             )
         except SlurmError as e:
             return self._skip_cycle(e)
@@ -395,6 +611,59 @@ class Daemon:
         elapsed = time.perf_counter() - t0
         self._after_cycle(result, records, elapsed)
         return result
+
+    def _model_for(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
+        """The site's rules for this job (weight, ckpt_dir), then its throughput model; any failure is
+        this job's error (a SpecError naming it), never the cycle's."""
+        try:
+            self.rules.check(job, spec)
+            return self.models(job, spec)
+        except SpecError:
+            raise
+        except Exception as e:  # a bug or an odd file system must not stop the cycle for the others
+            log.exception("cannot vet this job", extra={"kv": {"job": job.job_id, "error": str(e)}})
+            raise SpecError(f"cannot read the job's files: {e}", job_id=job.job_id, field="ckpt_dir") from None
+
+    def _oversee(self, records) -> dict[int, str]:
+        """Yield to operators (daemon/oversight.py): returns the jobs to leave alone this cycle."""
+        from slurm_elastic.daemon.oversight import review
+
+        if self.db is None:
+            return {}
+        r = review(records, self.db.held_marks(), self._was_elastic,
+                   open_intents={i["job_id"] for i in self.db.open_intents()},
+                   in_flight=set(self.enactor.in_flight) if self.enactor else ())
+        for jid, note in r.notes.items():
+            if self._notes.get(jid) != note:
+                event(logging.WARNING, "job changed outside the daemon", job=jid, detail=note)
+        self._notes = dict(r.notes)
+        if self.dry_run:
+            return r.left_alone
+        for jid in r.forget:
+            self.db.unmark_held(jid)
+        for jid, why in r.release.items():
+            try:
+                self.backend.release(jid)
+                self.db.unmark_held(jid)
+                event(logging.WARNING, "released a job the daemon held", job=jid, reason=why)
+            except SlurmError as e:
+                self.metrics.inc("slurm_elastic_errors_total", kind="action")
+                event(logging.ERROR, "cannot release a job that is no longer elastic; will retry", job=jid,
+                      error=str(e))
+        return r.left_alone
+
+    def _crash_policy(self) -> None:
+        """Requeue failed jobs that have failures left (``max_failures=`` in their spec; daemon/crash.py)."""
+        from slurm_elastic.daemon.crash import apply_crash_policy
+
+        try:
+            finished = self.backend.list_jobs(include_finished=True)
+        except TypeError:  # a backend that does not list finished jobs (simulator, stand-ins)
+            return
+        except SlurmError as e:
+            event(logging.ERROR, "crash policy skipped: cannot read finished jobs", error=str(e))
+            return
+        apply_crash_policy(finished, self.backend, self.db, event, self.cycle_no)
 
     def _skip_cycle(self, e: SlurmError) -> None:
         """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""
@@ -409,6 +678,13 @@ class Daemon:
         for jid, err in snap.errors.items():
             self.metrics.inc("slurm_elastic_errors_total", kind="spec")
             event(logging.WARNING, "bad elastic spec; job not managed", job=jid, error=str(err))
+        for jid, why in snap.unmanaged.items():
+            if self._left.get(jid) != why:
+                event(logging.WARNING, "elastic job left alone", job=jid, reason=why)
+        for jid in snap.records:
+            if jid in self._left:
+                event(logging.INFO, "elastic job managed again", job=jid, was=self._left[jid])
+        self._left = dict(snap.unmanaged)
         self.metrics.set("slurm_elastic_cycle_seconds", elapsed)
         self.metrics.set("slurm_elastic_solve_seconds", result.allocation.solve_s)
         self.metrics.set("slurm_elastic_gpus_available", snap.capacity)
@@ -423,6 +699,17 @@ class Daemon:
         if self.dry_run or self.db is None:
             return
         self.db.save_books(self.state.books)
+        for jid, restart, fig in self.models.measured:
+            used = self.models.restart_cost(jid)
+            parts = [f"{who} {fig[k]:.1f} s" for k, who in (("daemon_s", "signal->first step (daemon)"),
+                                                              ("job_s", "stop->first step (job)")) if fig[k] is not None]
+            msg = f"restart {restart}: " + ", ".join(parts) + (f"; planning with {used:.1f} s" if used else "")
+            self.db.log_decision(self.cycle_no, int(jid), "measure", "restart-cost", reason=f"restart {restart}",
+                                 message=msg)
+            event(logging.INFO, "restart cost measured", job=jid, restart=restart, daemon_s=fig["daemon_s"],
+                  job_s=fig["job_s"], planning_s=used)
+        self.models.measured.clear()
+        self.models.forget({j.job_id for j in records})
         rows = []
         plan_reason = {a.job_id: a.reason for a in result.plan.actions}
         problem_jobs = {j.job_id: j for j in snap.problem.jobs}
@@ -443,24 +730,43 @@ class Daemon:
                     eff = sps / (v.gpus * base) if base else None
                 del rec
             book = self.state.books.get(v.job_id)
+            m = req.model if req is not None else None
+            if getattr(m, "provenance", None) == "prior":
+                sps = eff = None  # a guess of the default model is not shown as the job's throughput
             rows.append({
+                "model": getattr(m, "provenance", None), "model_uncertainty": getattr(m, "uncertainty", None),
+                "noise_scale": getattr(m, "noise_scale", None), "restart_s": req.restart_s if req else None,
                 "job_id": v.job_id, "gpus": v.gpus, "target_gpus": a.gpus if a else None, "batch": v.batch,
                 "samples_per_s": sps, "efficiency": eff, "rescales": book.rescales if book else 0,
                 "last_change": (time.time() - (self.clock() - book.last_change_s))
                 if book and book.last_change_s is not None else None,
                 "reason": plan_reason.get(v.job_id) or (a.reason if a else "") or "",
             })
+        active = {j.job_id for j in records}
+        self.models.evidence.forget_except(active)
+        for d in (self.models.sources, self.models.problems):
+            for jid in [j for j in d if j not in active]:
+                del d[jid]
+        self.db.set_meta("run_evidence", self.models.evidence.to_json())
+        self.db.set_meta("models", {str(j): {"model": src, "report_error": self.models.problems.get(j)}
+                                    for j, src in self.models.sources.items()})
         for jid, err in snap.errors.items():
             rows.append({"job_id": jid, "reason": f"bad spec: {err}"})
+        for jid, why in snap.unmanaged.items():
+            rows.append({"job_id": jid, "reason": f"left alone: {why}"})
         self.db.save_job_views(rows)
+        self._was_elastic = {r["job_id"] for r in rows}
         self.db.forget_jobs({j.job_id for j in records})
         self.db.set_meta("last_cycle", {"ts": time.time(), "cycle": self.cycle_no, "seconds": elapsed,
                                         "policy": self.config.policy, "capacity": snap.capacity})
 
     # ----- the loop ------------------------------------------------------------------------------
     def install_signals(self) -> None:
-        def on_term(*_):
+        def on_term(signum, _frame):
+            if self._stop_asked:  # a second TERM/INT: do not wait for the cycle to end
+                self.watchdog.stop_grace_s = 0
             self._stop_asked = True
+            self.watchdog.stop_requested()
             self.stop_event.set()
 
         signal.signal(signal.SIGTERM, on_term)
@@ -488,6 +794,7 @@ class Daemon:
                 log.exception("cycle failed", extra={"kv": {"error": str(e)}})
             deadline = time.monotonic() + max(self.config.poll_interval_s, self.backoff_s)
             while not self.stop_event.is_set() and not self.reload_requested and time.monotonic() < deadline:
+                self.watchdog.progress("between cycles")
                 if self.enactor and self.enactor.in_flight and not self.dry_run:
                     try:
                         self.records = {j.job_id: j for j in self.backend.list_jobs()}
@@ -496,6 +803,7 @@ class Daemon:
                     except SlurmError as e:
                         event(logging.ERROR, "cannot poll in-flight resizes", error=str(e))
                 self.stop_event.wait(min(poll_actions_s, max(0.0, deadline - time.monotonic())))
+        sd_notify("STOPPING=1")
         event(logging.INFO, "daemon stopping", in_flight=len(self.enactor.in_flight) if self.enactor else 0)
 
 

@@ -58,7 +58,10 @@ class Metrics:
 
 
 def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    """A label value in the text format: \\, \" and \n escaped (the only escapes it has), any other
+    control character replaced, so a value from a user cannot break the exposition."""
+    v = v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return "".join(c if c.isprintable() or c == " " else "\ufffd" for c in v)
 
 
 class MetricsServer:

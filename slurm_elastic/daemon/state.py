@@ -8,6 +8,8 @@ Tables:
 - ``decisions``: the decision log, one row per action result (done, begun, timeout, error) and per
   job whose spec was rejected, with the reason;
 - ``books``: per-job bookkeeping the planner needs across restarts (last change, rescales, decision seq);
+- ``holds``: the daemon's own holds (``requeuehold``/``hold``), with the restart count the job has
+  after them, so that an operator's hold is told apart and never released (:mod:`.oversight`);
 - ``jobs``: the last cycle's view of each elastic job (GPUs, batch, samples/s, efficiency, reason), which
   ``slurm-elastic status`` shows.
 
@@ -68,10 +70,22 @@ CREATE TABLE IF NOT EXISTS jobs (
     efficiency REAL,
     rescales INTEGER,
     last_change REAL,
-    reason TEXT
+    reason TEXT,
+    model TEXT,
+    model_uncertainty REAL,
+    noise_scale REAL,
+    restart_s REAL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS holds (
+    job_id INTEGER PRIMARY KEY,
+    restart_count INTEGER NOT NULL,
+    ts REAL NOT NULL
+);
 """
+
+
+JOB_VIEW_ADDED = (("model", "TEXT"), ("model_uncertainty", "REAL"), ("noise_scale", "REAL"), ("restart_s", "REAL"))
 
 
 class LockHeld(RuntimeError):
@@ -149,6 +163,10 @@ class StateDB:
             if new:
                 os.chmod(self.path, 0o644)
             self.conn.executescript(SCHEMA)
+            have = {r[1] for r in self.conn.execute("PRAGMA table_info(jobs)").fetchall()}
+            for col, typ in JOB_VIEW_ADDED:  # a database made before these columns existed
+                if col not in have:
+                    self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
         self.conn.row_factory = sqlite3.Row
 
     def close(self) -> None:
@@ -171,6 +189,18 @@ class StateDB:
     def open_intents(self) -> list[dict]:
         rows = self.conn.execute("SELECT * FROM intents ORDER BY created").fetchall()
         return [dict(r) for r in rows]
+
+    # ----- the daemon's own holds ----------------------------------------------------------------
+    def mark_held(self, job_id: int, restart_count: int) -> None:
+        self.conn.execute("INSERT INTO holds(job_id, restart_count, ts) VALUES (?, ?, ?) ON CONFLICT(job_id) "
+                          "DO UPDATE SET restart_count=excluded.restart_count, ts=excluded.ts",
+                          (int(job_id), int(restart_count), time.time()))
+
+    def unmark_held(self, job_id: int) -> None:
+        self.conn.execute("DELETE FROM holds WHERE job_id = ?", (int(job_id),))
+
+    def held_marks(self) -> dict[int, int]:
+        return {r[0]: r[1] for r in self.conn.execute("SELECT job_id, restart_count FROM holds").fetchall()}
 
     # ----- decision log ------------------------------------------------------------------------
     def log_decision(self, cycle: int, job_id: int, action: str, status: str, *, gpus_from=None, gpus_to=None,
@@ -221,14 +251,17 @@ class StateDB:
             for r in rows:
                 self.conn.execute(
                     "INSERT INTO jobs(job_id, updated, gpus, target_gpus, batch, samples_per_s, efficiency, "
-                    "rescales, last_change, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "rescales, last_change, reason, model, model_uncertainty, noise_scale, restart_s) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(job_id) DO UPDATE SET updated=excluded.updated, gpus=excluded.gpus, "
                     "target_gpus=excluded.target_gpus, batch=excluded.batch, samples_per_s=excluded.samples_per_s, "
                     "efficiency=excluded.efficiency, rescales=excluded.rescales, last_change=excluded.last_change, "
-                    "reason=excluded.reason",
+                    "reason=excluded.reason, model=excluded.model, model_uncertainty=excluded.model_uncertainty, "
+                    "noise_scale=excluded.noise_scale, restart_s=excluded.restart_s",
                     (int(r["job_id"]), now, r.get("gpus"), r.get("target_gpus"), r.get("batch"),
                      r.get("samples_per_s"), r.get("efficiency"), r.get("rescales"), r.get("last_change"),
-                     r.get("reason")),
+                     r.get("reason"), r.get("model"), r.get("model_uncertainty"), r.get("noise_scale"),
+                     r.get("restart_s")),
                 )
 
     def job_views(self) -> dict[int, dict]:

@@ -1,6 +1,6 @@
 """``dp``: the paper's optimizer -- GPU count *and* global batch per job, exactly, every cycle.
 
-After admission (see :mod:`slurm_elastic.policies._plan`), the GPUs left over are distributed by an
+After admission (see :mod:`slurm_elastic.policies._candidates`), the GPUs left over are distributed by an
 exact multiple-choice knapsack over every admitted job's allowed GPU counts, each at its best
 batch ``b*(k)``: maximise the total weighted speedup, net of restart costs. The numba kernel is in
 :mod:`slurm_elastic.policies._mckp`; the algorithm, its complexity and its memory are described in
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
+from slurm_elastic.policies._candidates import Candidates, build_allocation, make_candidates
 from slurm_elastic.policies._mckp import mckp
 from slurm_elastic.policies._placement import solve_placeable
-from slurm_elastic.policies._candidates import Candidates, build_allocation, make_candidates
 from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 
 

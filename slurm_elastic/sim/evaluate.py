@@ -17,7 +17,8 @@ import os
 import platform
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutTimeout
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutTimeout
 from pathlib import Path
 
 import numpy as np

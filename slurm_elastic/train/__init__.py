@@ -22,6 +22,8 @@ _LAZY = {
     "ElasticJob": ".job",
     "Step": ".job",
     "MicroBatch": ".sampler",
+    "ElasticBatchSampler": ".data",
+    "ElasticIterableDataset": ".data",
     "StepPlan": ".sampler",
     "epoch_permutation": ".sampler",
     "plan_step": ".sampler",

@@ -157,7 +157,14 @@ def init_distributed(
     rdzv_file = None
     if env.get("MASTER_PORT"):
         addr, port = master_address(senv, env), int(env["MASTER_PORT"])
-        store = dist.TCPStore(addr, port, senv.world_size, is_master=is_master, timeout=timeout)
+        # Under torchrun the agent may already host the store on MASTER_PORT (then every rank is a client).
+        agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(addr, port, senv.world_size, is_master=is_master and not agent_store,
+                              timeout=timeout)
+        if env.get("TORCHELASTIC_RUN_ID") is not None:
+            # The agent's store outlives a worker restart: keep each attempt's keys apart.
+            store = dist.PrefixStore(f"slurm_elastic/{env.get('TORCHELASTIC_RUN_ID')}/"
+                                     f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
     elif rdzv_dir is not None:
         rdzv_file = rendezvous_path(rdzv_dir, senv)
         if is_master:

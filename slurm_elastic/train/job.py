@@ -47,7 +47,9 @@ from . import protocol
 from .assignment import Assignment, resolve_assignment
 from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
+from .lock import acquire_rank0_lock, release_rank0_lock
 from .lr import LRScaler
+from .noise import GradientNoise
 from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
 from .signals import install_stop_handler
 from .slurm_env import JobRecordText, SlurmEnv, read_job_record
@@ -87,14 +89,23 @@ class Step:
         """Yield the micro-batches; gradient sync (DDP) is suppressed on all but the last."""
         mbs = self.plan.micro_batches
         ddp = self._job.ddp
+        noise = self._job.noise
+        if noise is not None:
+            noise.active = self._job.optimizer_steps % self._job.noise_every == 0
+            if not noise.active:
+                noise = None
         for i, mb in enumerate(mbs):
             last = i == len(mbs) - 1
             ctx = ddp.no_sync() if (ddp is not None and not last) else contextlib.nullcontext()
+            if noise is not None:
+                noise.begin_micro()
             with ctx:
                 yield mb
+            if noise is not None:
+                noise.end_micro(len(mb), mb.scale, self._job._loss_scale())
 
     def optimizer_step(self, *, zero_grad: bool = True) -> None:
-        self._job._optimizer_step()
+        self._job._optimizer_step(self.plan.count)
         if zero_grad:
             self._job.optimizer.zero_grad(set_to_none=True)
         self.done = True
@@ -115,11 +126,17 @@ class ElasticJob:
         checkpoint_every_steps: int | None = None,
         checkpoint_every_s: float | None = None,
         throughput_warmup_steps: int = 3,
+        noise_scale: bool = True,
+        noise_smoothing: float = 0.99,
+        noise_every: int = 1,
+        report_every_s: float = 30.0,
         timeout_s: float = 300.0,
         stop_signals: tuple[str, ...] = ("USR2",),
         env: Mapping[str, str] | None = None,
         job_record: JobRecordText | None = None,
         checkpoint_progress: Callable[[int], None] | None = None,
+        clip_grad_norm: float | None = None,
+        lock_wait_s: float = 10.0,
         verbose: bool = True,
     ):
         self.env = dict(os.environ if env is None else env)
@@ -137,15 +154,28 @@ class ElasticJob:
         self.checkpoint_every_steps = checkpoint_every_steps
         self.checkpoint_every_s = checkpoint_every_s
         self.throughput_warmup_steps = max(0, int(throughput_warmup_steps))
+        # The gradient noise scale (see .noise): hooks on the model's parameters, one 3-scalar
+        # all-reduce per step; reported with the throughput so the daemon knows efficiency(batch).
+        self.noise: GradientNoise | None = GradientNoise(1, noise_smoothing) if noise_scale else None
+        self.noise_every = max(1, int(noise_every))
+        self.report_every_s = float(report_every_s)
+        self._last_report = time.time()
+        self._stop_time: float | None = None  # when the previous start agreed to stop (from its checkpoint)
+        self._first_step_time: float | None = None
         self.timeout_s = float(timeout_s)
         self.job_record = job_record
         self.checkpoint_progress = checkpoint_progress
+        self.clip_grad_norm = clip_grad_norm
         self.verbose = verbose
         from . import IMPORTED_AT
 
         self._started_at = IMPORTED_AT
-        self.flag = install_stop_handler(stop_signals)
         self.senv = SlurmEnv.from_environ(self.env)
+        if self.senv.job_id is None:
+            # Not under Slurm (a laptop, torchrun): Ctrl-C and SIGTERM are stop requests too, so the
+            # work since the last checkpoint is kept; a second Ctrl-C aborts.
+            stop_signals = (*stop_signals, "INT", "TERM")
+        self.flag = install_stop_handler(stop_signals)
         if self.senv.job_id is not None:
             self.flag.watch_file(protocol.stop_request_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count))
         self.ctx: DistContext | None = None
@@ -175,6 +205,8 @@ class ElasticJob:
         self._last_ckpt_time = time.time()
         self._lr_state: dict | None = None
         self._requested_batch: int | None = None
+        self._lock_fd: int | None = None
+        self.lock_wait_s = lock_wait_s
 
     # ---------------------------------------------------------------- setup
     @property
@@ -197,6 +229,9 @@ class ElasticJob:
     def setup(self) -> Assignment:
         """Init the process group, then agree on this start's batch assignment (read by rank 0)."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0 and self._lock_fd is None:
+            self._lock_fd = acquire_rank0_lock(self.ckpt_dir, wait_s=self.lock_wait_s,
+                                               what=f"{self.senv.job_id or 'local'} via {self.senv.launcher}")
         self.ctx = init_distributed(self.senv, rdzv_dir=self.ckpt_dir / "rendezvous", timeout_s=self.timeout_s,
                                     env=self.env, started_at=self._started_at)
         store = self.ctx.store
@@ -247,6 +282,8 @@ class ElasticJob:
         self.model = model
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+        if self.noise is not None:
+            self.noise.attach(model)
         return self.ddp
 
     def register(self, *, model: torch.nn.Module | None = None, optimizer=None, scheduler=None, scaler=None,
@@ -284,6 +321,7 @@ class ElasticJob:
             "dataset_size": self.dataset_size,
             "seed": self.seed,
             "lr": self.lr.state_dict() if self.lr else None,
+            "noise": self.noise.state_dict() if self.noise is not None else None,
             "history": [dict(h) for h in self.history],
             "user": {k: v.state_dict() for k, v in self.user_objects.items()},
             "extra": dict(self.extra),
@@ -325,6 +363,10 @@ class ElasticJob:
         self.history = [dict(h) for h in state.get("history", [])]
         self.extra = dict(state.get("extra", {}))
         self._lr_state = state.get("lr")
+        if self.noise is not None:
+            self.noise.load_state_dict(state.get("noise"))
+        if self.history:
+            self._stop_time = self.history[-1].get("stop_time")
         self.restored_from = Path(path)
         # Every rank loaded the same file, so the DDP replicas agree without a broadcast.
         self._begin_start()
@@ -341,6 +383,9 @@ class ElasticJob:
         if warm is None:
             warm = 20 * a.global_batch if self.lr_scaling == "linear" else 0
         self.lr = LRScaler(self.lr_scaling, int(base), int(warm))
+        if self.noise is not None:
+            self.noise.base_batch = int(base)
+            self.lr.noise_scale = self.noise.noise_scale
         prev = self._lr_state
         if prev:
             self.lr.load_state_dict(prev)
@@ -401,8 +446,30 @@ class ElasticJob:
                     self._tp_steps += 1
                     self._tp_samples += plan.count
                     self._tp_seconds += dt
+                if self.rank == 0:
+                    self._maybe_report()
             self.epoch += 1
             self.offset = 0
+
+    def batch_sampler(self, dataset_size: int, epochs: int, *, shuffle: bool = True):
+        """A ``batch_sampler`` for a map-style ``DataLoader``; iterate the loader with :meth:`batches`."""
+        from .data import ElasticBatchSampler
+
+        return ElasticBatchSampler(self, dataset_size, epochs, shuffle=shuffle)
+
+    def iterable(self, stream, epochs: int, *, size: int | None = None, collate_fn=None):
+        """Wrap an iterable dataset for ``DataLoader(..., batch_size=None)``; iterate with :meth:`batches`."""
+        from .data import ElasticIterableDataset
+
+        return ElasticIterableDataset(self, stream, epochs, size=size, collate_fn=collate_fn)
+
+    def batches(self, loader) -> Iterator:
+        """The loader's micro-batches, with mean-loss gradient scaling, accumulation and stop handling
+        done by the library: the loop body is ``loss = criterion(ddp(x), y); loss.backward();
+        opt.step(); opt.zero_grad()`` (see :mod:`.data`)."""
+        from .data import elastic_batches
+
+        return elastic_batches(self, loader)
 
     def _agree(self, flag_t: torch.Tensor) -> tuple[bool, bool]:
         due = False
@@ -417,8 +484,25 @@ class ElasticJob:
         dist.all_reduce(flag_t, op=dist.ReduceOp.MAX)
         return bool(flag_t[0].item()), bool(flag_t[1].item())
 
-    def _optimizer_step(self) -> None:
+    def _loss_scale(self) -> float:
+        return float(self.scaler.get_scale()) if self.scaler is not None and self.scaler.is_enabled() else 1.0
+
+    def _optimizer_step(self, count: int | None = None, step_fn: Callable[[], Any] | None = None) -> None:
+        """The real optimizer step: the noise-scale measurement (on the unclipped gradient; ``count`` None
+        discards this step's), gradient clipping on the whole step's gradient, lr factor, step."""
         opt = self.optimizer
+        if self.noise is not None:
+            if count is None or not self.noise.active:
+                self.noise.discard()
+            else:
+                params = [p for g in opt.param_groups for p in g["params"]]
+                self.noise.step(params, self.assignment.global_batch, count, self.device, self._loss_scale())
+                self.lr.noise_scale = self.noise.noise_scale
+        if self.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
         f = self.lr.factor(self.samples_seen)
         if self.lr_schedule is not None:
             f *= float(self.lr_schedule(self.samples_seen))
@@ -426,7 +510,9 @@ class ElasticJob:
         for g in opt.param_groups:
             g["lr"] = g["lr"] * f
         try:
-            if self.scaler is not None:
+            if step_fn is not None:
+                step_fn()
+            elif self.scaler is not None:
                 self.scaler.step(opt)
                 self.scaler.update()
             else:
@@ -452,12 +538,31 @@ class ElasticJob:
             h["steps"] = self._steps_this_start
             h["measured_steps"] = self._tp_steps
 
+    def _maybe_report(self) -> None:
+        """Rank 0: write the report after this start's first step (its restart-cost record), once the
+        first measured steps are in, and every ``report_every_s`` after that."""
+        now = time.time()
+        if self._steps_this_start == 1:
+            self._first_step_time = now
+            self._flush_throughput()
+        elif self._tp_steps == 5 or now - self._last_report >= self.report_every_s:
+            self._flush_throughput()
+
     def _flush_throughput(self) -> None:
         steps, samples, secs = self._tp_steps, self._tp_samples, self._tp_seconds
         fs, fn, ft = self._tp_flushed
-        if steps > fs:
+        self._last_report = time.time()
+        start = None
+        if self._first_step_time is not None and self.senv.job_id is not None:
+            start = {"restart_count": self.senv.restart_count, "first_step": self._first_step_time,
+                     "stop": self._stop_time, "world_size": self.world_size,
+                     "global_batch": self.assignment.global_batch}
+        ns = self.noise.noise_scale if self.noise is not None else None
+        if steps > fs or ns is not None or start is not None:
             p = protocol.merge_throughput(self.ckpt_dir, self.senv.job_id, self.world_size,
-                                          self.assignment.global_batch, samples - fn, secs - ft, steps - fs)
+                                          self.assignment.global_batch, samples - fn, secs - ft, steps - fs,
+                                          noise_scale=ns, base_batch=self.lr.base_batch if self.lr else None,
+                                          start=start)
             self._tp_flushed = (steps, samples, secs)
             if p:
                 self.log(f"throughput at {self.world_size} x batch {self.assignment.global_batch}: "
@@ -465,6 +570,8 @@ class ElasticJob:
 
     def _stop_and_exit(self) -> None:
         self.log(f"stop requested; all ranks stop after step {self.optimizer_steps}")
+        if self.history:
+            self.history[-1]["stop_time"] = time.time()
         path = self.checkpoint()
         if self.rank == 0:
             ack = {"format": protocol.FORMAT, "job_id": self.senv.job_id, "restart_count": self.senv.restart_count,
@@ -476,7 +583,10 @@ class ElasticJob:
             if self.senv.job_id is not None:
                 protocol.atomic_write_json(
                     protocol.ack_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count), ack)
-            self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
+                self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
+            else:
+                self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}. Run the same "
+                         "command again (same checkpoint directory) to continue from here")
         dist.barrier()
         self._teardown()
         sys.stdout.flush()
@@ -503,6 +613,8 @@ class ElasticJob:
                 with contextlib.suppress(OSError):
                     self.ctx.rdzv_file.unlink()
             dist.destroy_process_group()
+        release_rank0_lock(self._lock_fd)
+        self._lock_fd = None
 
     # ---------------------------------------------------------------- helpers
     def fetch(self, dataset, indices: torch.Tensor):

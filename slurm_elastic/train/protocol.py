@@ -14,7 +14,10 @@ all nodes of the job, since rank 0 of the next start may run elsewhere). Names c
     optional; the batch shell's USR2 trap (templates) creates it, so a stop asked for before the
     Python tasks installed their handlers is not lost. The tasks treat it like the signal.
 ``throughput.json``
-    samples/s per (world size, global batch), warm-up steps dropped, merged over all starts.
+    the job's report: samples/s per (world size, global batch), warm-up steps dropped, merged over all
+    starts; ``noise_scale`` (the smoothed gradient noise scale, samples; null until measured) and
+    ``base_batch`` (the batch the lr is meant for, where efficiency is 1); ``starts``: per restart,
+    the wall time of its first training step (and of the stop before it), for the restart cost.
 ``done.<job>.json``
     training finished (all epochs); the job exits 0.
 ``rendezvous/<job>.<restart>.<step>.json``
@@ -27,6 +30,7 @@ This module only reads and writes those files, so the daemon can import it witho
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -130,24 +134,80 @@ def read_throughput(ckpt_dir: str | os.PathLike) -> list[dict]:
     return [p for p in data["points"] if isinstance(p, dict) and {"gpus", "batch", "samples_per_s"} <= set(p)]
 
 
+MAX_STARTS = 32  # start records kept in the report
+
+
 def merge_throughput(
-    ckpt_dir: str | os.PathLike, job_id: str | int | None, gpus: int, batch: int, samples: int, seconds: float, steps: int
+    ckpt_dir: str | os.PathLike, job_id: str | int | None, gpus: int, batch: int, samples: int, seconds: float,
+    steps: int, *, noise_scale: float | None = None, base_batch: int | None = None, start: dict | None = None,
 ) -> dict | None:
-    """Fold a new measurement into ``throughput.json`` (time-weighted per (gpus, batch)); rank 0 only."""
-    if seconds <= 0 or samples <= 0 or steps <= 0:
-        return None
+    """Fold a new measurement into ``throughput.json`` (time-weighted per (gpus, batch)); rank 0 only.
+
+    Also sets ``noise_scale``/``base_batch`` (when given) and adds or replaces the ``start`` record of
+    its ``restart_count``. Returns the updated point, or None when there was no new measurement."""
+    old = _read_json(throughput_path(ckpt_dir)) or {}
     points = {(p["gpus"], p["batch"]): dict(p) for p in read_throughput(ckpt_dir)}
-    key = (int(gpus), int(batch))
-    p = points.get(key, {"gpus": key[0], "batch": key[1], "samples": 0, "seconds": 0.0, "steps": 0})
-    p["samples"] = int(p.get("samples", 0)) + int(samples)
-    p["seconds"] = float(p.get("seconds", 0.0)) + float(seconds)
-    p["steps"] = int(p.get("steps", 0)) + int(steps)
-    p["samples_per_s"] = p["samples"] / p["seconds"]
-    p["updated"] = time.time()
-    points[key] = p
-    atomic_write_json(
-        throughput_path(ckpt_dir),
-        {"format": FORMAT, "job_id": None if job_id is None else str(job_id),
-         "points": [points[k] for k in sorted(points)]},
-    )
+    p = None
+    if seconds > 0 and samples > 0 and steps > 0:
+        key = (int(gpus), int(batch))
+        p = points.get(key, {"gpus": key[0], "batch": key[1], "samples": 0, "seconds": 0.0, "steps": 0})
+        p["samples"] = int(p.get("samples", 0)) + int(samples)
+        p["seconds"] = float(p.get("seconds", 0.0)) + float(seconds)
+        p["steps"] = int(p.get("steps", 0)) + int(steps)
+        p["samples_per_s"] = p["samples"] / p["seconds"]
+        p["updated"] = time.time()
+        points[key] = p
+    elif noise_scale is None and start is None:
+        return None
+    starts = [s for s in old.get("starts", []) if isinstance(s, dict)] if isinstance(old.get("starts"), list) else []
+    if start is not None:
+        starts = [s for s in starts if s.get("restart_count") != start.get("restart_count")] + [dict(start)]
+        starts = starts[-MAX_STARTS:]
+    ns = noise_scale if noise_scale is not None else old.get("noise_scale")
+    out = {"format": FORMAT, "job_id": None if job_id is None else str(job_id),
+           "points": [points[k] for k in sorted(points)], "starts": starts,
+           "noise_scale": ns if isinstance(ns, (int, float)) and math.isfinite(ns) else None,
+           "base_batch": base_batch if base_batch is not None else old.get("base_batch")}
+    atomic_write_json(throughput_path(ckpt_dir), out)
     return p
+
+
+def _finite(v, lo: float, hi: float) -> float | None:
+    """``v`` as a float when it is a finite number in [lo, hi] (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) and lo <= v <= hi else None
+
+
+# Plausibility bounds for what a job reports (it is user-controlled).
+MAX_NOISE_SCALE = 1e12
+MAX_BATCH = 1 << 31
+
+
+def read_report(ckpt_dir: str | os.PathLike) -> dict:
+    """The job's report in one read: ``{"points", "noise_scale", "base_batch", "starts"}`` (points as
+    :func:`read_throughput` gives them; the daemon checks their numbers), the others checked
+    (finite, in range; a start needs an int ``restart_count`` >= 0 and a finite ``first_step``);
+    what fails a check is dropped (None / left out), never guessed."""
+    return parse_report(_read_json(throughput_path(ckpt_dir)) or {})
+
+
+def parse_report(data: dict) -> dict:
+    """:func:`read_report` on an already-read report (the daemon reads it through its safe reader)."""
+    points = data.get("points") if isinstance(data.get("points"), list) else []
+    points = [p for p in points if isinstance(p, dict) and {"gpus", "batch", "samples_per_s"} <= set(p)]
+    ns = _finite(data.get("noise_scale"), 0.0, MAX_NOISE_SCALE)
+    bb = data.get("base_batch")
+    bb = int(bb) if isinstance(bb, int) and not isinstance(bb, bool) and 1 <= bb <= MAX_BATCH else None
+    starts = []
+    raw = data.get("starts")
+    for s in raw[:MAX_STARTS * 2] if isinstance(raw, list) else []:
+        if not isinstance(s, dict):
+            continue
+        r = s.get("restart_count")
+        first = _finite(s.get("first_step"), 0.0, 1e11)
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0 or first is None:
+            continue
+        starts.append({"restart_count": r, "first_step": first, "stop": _finite(s.get("stop"), 0.0, 1e11)})
+    return {"points": points, "noise_scale": ns, "base_batch": bb, "starts": starts}

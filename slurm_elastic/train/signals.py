@@ -27,6 +27,12 @@ class StopFlag:
         self._files: list[str] = []
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if signum == signal.SIGINT and self._event.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: abort without waiting for the checkpoint
+        if signum in (signal.SIGINT, signal.SIGTERM):
+            # Interactive runs (not under Slurm): say what happens (os.write: no buffered I/O in a handler).
+            os.write(2, f"slurm-elastic: {signal.Signals(signum).name}: checkpointing after the current step "
+                        "and exiting (Ctrl-C again to abort)\n".encode())
         self.signum = signum
         self.when = time.time()
         self._event.set()

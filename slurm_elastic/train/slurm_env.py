@@ -50,6 +50,7 @@ class SlurmEnv:
     restart_count: int
     step_id: str
     node_name: str
+    launcher: str = "srun"  # "srun", "torchrun" (RANK/WORLD_SIZE given) or "local" (neither)
 
     @property
     def in_slurm(self) -> bool:
@@ -71,6 +72,9 @@ class SlurmEnv:
         restart = _int_env(env, "SLURM_RESTART_COUNT", 0)
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"SLURM_PROCID={rank} is not a rank of SLURM_NTASKS={world}")
+        launcher = "srun" if env.get("SLURM_STEP_ID") is not None and env.get("SLURM_PROCID") is not None else "local"
+        if env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
+            rank, world, local, launcher = _torchrun_place(env, world if launcher == "srun" else None)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         nodes: tuple[str, ...] = ()
         if nodelist:
@@ -91,7 +95,35 @@ class SlurmEnv:
             restart_count=restart,
             step_id=env.get("SLURM_STEP_ID", "0") or "0",
             node_name=env.get("SLURMD_NODENAME", "") or "",
+            launcher=launcher,
         )
+
+
+class LaunchError(ValueError):
+    """The processes of this training were launched inconsistently (they would not form one world)."""
+
+
+def _torchrun_place(env: Mapping[str, str], srun_tasks: int | None) -> tuple[int, int, int, str]:
+    """``(rank, world, local_rank, "torchrun")`` from torchrun's variables, checked against srun's.
+
+    Under ``srun ... torchrun --nproc_per_node=K`` each srun task is one torchrun agent: the world is
+    ``SLURM_NTASKS x K``. A torchrun world that does not span all srun tasks (each agent started
+    standalone) would make several independent jobs write one checkpoint: refuse it.
+    """
+    rank = _int_env(env, "RANK", 0)
+    world = _int_env(env, "WORLD_SIZE", 1)
+    local = _int_env(env, "LOCAL_RANK", 0)
+    if world < 1 or not 0 <= rank < world:
+        raise LaunchError(f"RANK={rank} is not a rank of WORLD_SIZE={world}")
+    lws = _int_env(env, "LOCAL_WORLD_SIZE", None)
+    if lws is not None and not 0 <= local < lws:
+        raise LaunchError(f"LOCAL_RANK={local} is not a rank of LOCAL_WORLD_SIZE={lws}")
+    if srun_tasks is not None and lws is not None and srun_tasks * lws != world:
+        raise LaunchError(
+            f"inconsistent launch: srun started {srun_tasks} task(s) (SLURM_NTASKS) each running "
+            f"{lws} process(es) (LOCAL_WORLD_SIZE), but WORLD_SIZE={world}; give torchrun "
+            f"--nnodes={srun_tasks} and a shared --rdzv-endpoint, or launch with srun alone")
+    return rank, world, local, "torchrun"
 
 
 # --------------------------------------------------------------------------------------------------

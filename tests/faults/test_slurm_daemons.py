@@ -49,17 +49,27 @@ def _submit(cluster, work, n=1):
                             str(script)], cwd=work) for _ in range(n)]
 
 
-def test_slurmctld_stopped_and_restarted_while_the_daemon_runs(slurm_cluster, tmp_path, reliability):
-    reliability("Slurm daemons", "slurmctld stopped (SIGTERM) for ~20 s under a running daemon, then restarted",
+@pytest.mark.parametrize("backend", ["cli", "pyslurm"])
+def test_slurmctld_stopped_and_restarted_while_the_daemon_runs(slurm_cluster, tmp_path, reliability, backend):
+    """With either backend: pyslurm's RPC errors while slurmctld is down skip the cycle as squeue's do."""
+    if backend == "pyslurm":
+        import importlib.util
+
+        if importlib.util.find_spec("pyslurm") is None:
+            why = "pyslurm is not installed in this venv: run scripts/build_pyslurm.sh"
+            pytest.fail(why) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(why)
+    reliability("Slurm daemons", f"slurmctld stopped (SIGTERM) for ~20 s under a running daemon ({backend} "
+                "backend), then restarted",
                 "one elastic job running, one submitted after the restart",
                 "daemon stays up, logs each skipped cycle with a growing retry delay, takes no action while "
                 "slurmctld is down, places the new job after the restart, the running job untouched")
     os.chmod(tmp_path, 0o755)
     c = slurm_cluster
-    cfg = write_config(tmp_path / "elastic.toml", tmp_path / "state", slurm_timeout_s=5)
+    cfg = write_config(tmp_path / "elastic.toml", tmp_path / "state", slurm_timeout_s=5, backend=backend)
     d = DaemonProc.cli(c, cfg, tmp_path / "daemon.log")
     ids = []
     try:
+        wait_for(lambda: f"backend: {backend} (" in d.text(), 60, f"the daemon to log its {backend} backend")
         ids += _submit(c, tmp_path)
         wait_for(lambda: (j := c.backend.get_job(ids[0])) and j.is_running, 60, "the first job to run")
         time.sleep(3)

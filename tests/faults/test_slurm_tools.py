@@ -53,8 +53,10 @@ def wrapped(slurm_cluster, tmp_path):
         p.chmod(p.stat().st_mode | stat.S_IXUSR)
     backend = CliBackend(env={"SLURM_CONF": slurm_cluster.inside(slurm_cluster.conf_path)}, bin_dir=str(bindir),
                          timeout=3, retries=1, retry_delay=0.1)
+    # lease_ttl_s 0: the wrappers fake the four tools the cycle uses, not sbatch (the lease's placeholder
+    # job; the lease is tested in test_operators.py), and the lease's renewal is no cycle action.
     cfg = config_from_dict({"state_dir": str(tmp_path / "state"), "metrics_address": "", "cooldown_s": 0,
-                            "poll_interval_s": 2, "restart_cost_s": 5})
+                            "poll_interval_s": 2, "restart_cost_s": 5, "lease_ttl_s": 0})
     d = Daemon(cfg, backend=backend)
     d.open()
     script = tmp_path / "job.sh"

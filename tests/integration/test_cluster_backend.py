@@ -1,7 +1,9 @@
 """Against a real local Slurm (no mocks): the cluster itself, and the backend's reads and actions.
 
 Tests taking ``versioned_cluster`` run once per Slurm version of the machine: the host's, and the
-other Debian release's in a chroot (conftest.py), so both JSON dialects are exercised live.
+other Debian release's in a chroot (conftest.py), so both JSON dialects are exercised live. Tests
+taking ``backend`` run once more per backend: the CLI, and pyslurm (a worker process running the
+real PyslurmBackend against that cluster: on the host, or inside the chroot with its pyslurm build).
 """
 
 import os
@@ -13,6 +15,7 @@ import time
 import pytest
 
 from slurm_elastic.backends.base import JobNotRequeueable, SlurmError
+from slurm_elastic.backends.pyslurm_worker import PyslurmWorker
 from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
 from slurm_elastic.spec import Decision, parse_decision
 
@@ -27,6 +30,42 @@ sleep 300
 """
 
 
+def pyslurm_missing(cluster) -> str | None:
+    """Why pyslurm cannot run against ``cluster`` (not built for its Slurm), or None."""
+    if cluster.chroot is None:
+        import importlib.util
+
+        if importlib.util.find_spec("pyslurm") is None:
+            return "pyslurm is not installed in this venv"
+        return None
+    root = cluster.chroot.path
+    if not list(root.glob("usr/local/lib/python3*/dist-packages/pyslurm")) + list(
+            root.glob("usr/lib/python3/dist-packages/pyslurm")):
+        return f"pyslurm is not installed in the {cluster.config.release} chroot"
+    return None
+
+
+@pytest.fixture(params=["cli", "pyslurm"])
+def backend(request, versioned_cluster):
+    """The cluster's backend: the CLI one, or pyslurm in a worker against the same slurmctld."""
+    c = versioned_cluster
+    if request.param == "cli":
+        yield c.backend
+        return
+    why = pyslurm_missing(c)
+    if why:
+        msg = f"{why}: run scripts/build_pyslurm.sh (needs ../shared/vendor/pyslurm)"
+        pytest.fail(msg) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(msg)
+    if c.chroot is None:
+        w = PyslurmWorker.for_host(str(c.conf_path), bin_dir=c.config.bin)
+    else:
+        w = PyslurmWorker.for_chroot(c.chroot.path, c.inside(c.conf_path), bin_dir=c.config.bin)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
 def write_script(job_dir, text=REPORT, name="job.sh"):
     path = job_dir / name
     path.write_text(text)
@@ -38,16 +77,17 @@ def scancel(cluster, *ids):
     cluster.run_tool("scancel", *map(str, ids), timeout=30)
 
 
-def test_sinfo_lists_sixteen_idle_gpus(versioned_cluster):
+def test_sinfo_lists_sixteen_idle_gpus(versioned_cluster, backend):
     c = versioned_cluster
     out = c.run_tool("sinfo", "-h", "-N", "-o", "%N %t %G", check=True, timeout=30).stdout.split("\n")
     rows = [line.split() for line in out if line.strip()]
     assert [r[0] for r in rows] == ["node1", "node2", "node3", "node4"]
     assert all(r[2] == "gpu:4" for r in rows)
-    nodes = c.backend.list_nodes()
+    nodes = backend.list_nodes()
     assert [n.name for n in nodes] == ["node1", "node2", "node3", "node4"]
     assert sum(n.gpus_total for n in nodes) == 16 and all(n.partitions == ("gpu",) for n in nodes)
-    assert all(n.state == "IDLE" for n in nodes) or any(j.is_active for j in c.backend.list_jobs())
+    assert all(n.state == "IDLE" for n in nodes) or any(j.is_active for j in backend.list_jobs())
+    assert nodes == c.backend.list_nodes() or any(j.is_active for j in backend.list_jobs())
 
 
 def test_backend_talks_to_the_version_it_was_started_with(versioned_cluster):
@@ -79,8 +119,8 @@ def test_second_up_is_a_no_op(versioned_cluster):
     assert again.config == versioned_cluster.config
 
 
-def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(versioned_cluster, versioned_job_dir):
-    c, b, job_dir = versioned_cluster, versioned_cluster.backend, versioned_job_dir
+def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(versioned_cluster, backend, versioned_job_dir):
+    c, b, job_dir = versioned_cluster, backend, versioned_job_dir
     log = job_dir / "out.txt"
     jid = c.sbatch(["--requeue", "--open-mode=append", "-o", str(log), "--gres=gpu:2", f"--comment={SPEC}",
                     str(write_script(job_dir))], cwd=job_dir)
@@ -115,8 +155,8 @@ def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(versioned_
         scancel(c, jid)
 
 
-def test_held_job_and_admin_comment_round_trip(versioned_cluster, versioned_job_dir):
-    c, b, job_dir = versioned_cluster, versioned_cluster.backend, versioned_job_dir
+def test_held_job_and_admin_comment_round_trip(versioned_cluster, backend, versioned_job_dir):
+    c, b, job_dir = versioned_cluster, backend, versioned_job_dir
     jid = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC}", "-o", "/dev/null", str(write_script(job_dir))])
     try:
         job = b.get_job(jid)
@@ -133,8 +173,8 @@ def test_held_job_and_admin_comment_round_trip(versioned_cluster, versioned_job_
         scancel(c, jid)
 
 
-def test_non_requeueable_job_is_refused_and_keeps_running(versioned_cluster, versioned_job_dir):
-    c, b, job_dir = versioned_cluster, versioned_cluster.backend, versioned_job_dir
+def test_non_requeueable_job_is_refused_and_keeps_running(versioned_cluster, backend, versioned_job_dir):
+    c, b, job_dir = versioned_cluster, backend, versioned_job_dir
     jid = c.sbatch(["--no-requeue", "--gres=gpu:1", "-o", "/dev/null", str(write_script(job_dir))])
     try:
         c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=30)
@@ -146,13 +186,79 @@ def test_non_requeueable_job_is_refused_and_keeps_running(versioned_cluster, ver
         scancel(c, jid)
 
 
-def test_failing_scontrol_gives_a_typed_error_with_stderr(versioned_cluster):
+def test_failing_scontrol_gives_a_typed_error_with_stderr(versioned_cluster, backend):
     with pytest.raises(SlurmError) as e:
-        versioned_cluster.backend.release(999999)
+        backend.release(999999)
     assert e.value.returncode != 0 and e.value.stderr and "999999" in " ".join(e.value.argv)
-    with pytest.raises(SlurmError) as e:
-        versioned_cluster.backend.update_job(999999, gpus_per_node=2)
-    assert "Invalid job id" in e.value.stderr or "invalid" in e.value.stderr.lower()
+    for change in ({"gpus_per_node": 2}, {"admin_comment": "x"}, {"start_now": True}):
+        with pytest.raises(SlurmError) as e:
+            backend.update_job(999999, **change)
+        assert "Invalid job id" in e.value.stderr or "invalid" in e.value.stderr.lower()
+    with pytest.raises(SlurmError):
+        backend.signal(999999, "USR2")
+    assert backend.get_job(999999) is None
+
+
+HOSTILE = ['a"b\'c $(touch /tmp/pwned) `id`; | & > <', "x" * 900, "ünïcødé ✓ 日本", "tab\there,comma=eq"]
+
+
+def test_hostile_comments_and_names_read_back_byte_for_byte(versioned_cluster, backend, versioned_job_dir):
+    """Whatever a user puts in a comment or job name comes back unchanged (and is never run)."""
+    c, b = versioned_cluster, backend
+    script = write_script(versioned_job_dir)
+    ids = [c.sbatch(["--hold", "-J", text[:60], f"--comment={text}", "-o", "/dev/null", str(script)])
+           for text in HOSTILE]
+    try:
+        jobs = {j.job_id: j for j in b.list_jobs()}
+        for jid, text in zip(ids, HOSTILE, strict=True):
+            assert jobs[jid].comment == text and jobs[jid].name == text[:60] and jobs[jid].held
+            assert b.get_job(jid) == jobs[jid]
+        assert not os.path.exists("/tmp/pwned")
+        b.update_job(ids[0], admin_comment=HOSTILE[0])
+        assert b.get_job(ids[0]).admin_comment == HOSTILE[0]
+        with pytest.raises(ValueError):
+            b.update_job(ids[0], admin_comment="two\nlines")
+    finally:
+        scancel(c, *ids)
+
+
+def test_signal_reaches_the_batch_shell(versioned_cluster, backend, versioned_job_dir):
+    c, b, job_dir = versioned_cluster, backend, versioned_job_dir
+    mark = job_dir / "got-usr2"
+    script = write_script(job_dir, f"#!/bin/bash\ntrap 'echo usr2 > {c.inside(mark)}' USR2\n"
+                                   "for i in $(seq 600); do sleep 0.1; done\n", name="trap.sh")
+    jid = c.sbatch(["--gres=gpu:1", "-o", "/dev/null", str(script)], cwd=job_dir)
+    try:
+        c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=30)
+        time.sleep(1)  # the trap is set
+        b.signal(jid, "USR2", batch_only=True)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not mark.exists():
+            time.sleep(0.2)
+        assert mark.exists() and b.get_job(jid).is_running
+    finally:
+        scancel(c, jid)
+
+
+def test_pyslurm_runs_against_the_clusters_own_slurm(versioned_cluster):
+    """The pyslurm worker really is the build for this Slurm and, for the chroot, runs inside it."""
+    c = versioned_cluster
+    why = pyslurm_missing(c)
+    if why:
+        pytest.fail(why) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(why)
+    w = (PyslurmWorker.for_host(str(c.conf_path), bin_dir=c.config.bin) if c.chroot is None else
+         PyslurmWorker.for_chroot(c.chroot.path, c.inside(c.conf_path), bin_dir=c.config.bin))
+    try:
+        from slurm_elastic.backends.choose import major
+
+        version = w.pyslurm_version()
+        print(f"{c.label}: pyslurm {version}, slurmctld {c.slurm_version()}")
+        assert major(version) == tuple(c.slurm_version())
+        if c.chroot is not None:
+            assert os.readlink(f"/proc/{w.proc.pid}/root") == str(c.chroot.path)
+        assert [n.name for n in w.list_nodes()] == ["node1", "node2", "node3", "node4"]
+    finally:
+        w.close()
 
 
 def test_status_command_shows_elastic_jobs(slurm_cluster, job_dir):

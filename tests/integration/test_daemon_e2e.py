@@ -34,9 +34,18 @@ def samples_seen(job_dir: Path, job_id: int) -> dict[int, Counter]:
     return per_epoch
 
 
-def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_cluster, tmp_path):
-    result = demo.run(slurm_cluster, tmp_path / "demo", timeout_s=900)
+@pytest.mark.parametrize("backend", ["cli", "pyslurm"])
+def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_cluster, tmp_path, backend):
+    if backend == "pyslurm":
+        import importlib.util
+        import os
+
+        if importlib.util.find_spec("pyslurm") is None:
+            why = "pyslurm is not installed in this venv: run scripts/build_pyslurm.sh"
+            pytest.fail(why) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(why)
+    result = demo.run(slurm_cluster, tmp_path / "demo", timeout_s=900, backend=backend)
     print(result.summary())
+    assert f"backend: {backend} (" in result.daemon_log, result.daemon_log[:2000]
     logs = {j.name: (tmp_path / "demo" / j.name / "job.out").read_text() for j in result.jobs}
     assert all(j.state == "COMPLETED" for j in result.jobs), (result.summary(), result.daemon_log[-3000:], logs)
 
@@ -66,6 +75,11 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
         resizes = [d for d in by_job[j.job_id] if d["action"] == "resize" and d["status"] == "done"]
         assert logs[j.name].count(f"job {j.job_id} start {len(resizes)} on") == 1, logs[j.name]
         assert f"job {j.job_id} start {len(resizes) + 1} on" not in logs[j.name]
+
+    # A (the DataLoader path) ran at the sizes and batches the daemon chose.
+    a_sizes = [(d["gpus_to"], d["batch"]) for d in by_job[a.job_id] if d["status"] == "done"]
+    print(f"job A (DataLoader, 2 workers): (gpus, batch) per start/resize: {a_sizes}")
+    assert "through a DataLoader with 2 workers" in logs["A"]
 
     # No job left behind: nothing of the scenario is still in the queue (held or otherwise).
     ids = {j.job_id for j in result.jobs} | {result.plain_job}

@@ -1,5 +1,6 @@
 """The daemon's pieces over the simulated backend: config, lock, state, caps, crash recovery at every step."""
 
+import os
 import urllib.request
 
 import pytest
@@ -166,7 +167,7 @@ def test_daemon_killed_at_each_step_of_a_resize_recovers(tmp_path, step):
     d2.close()
 
 
-def test_model_registry_keeps_the_prior_until_three_gpu_counts_are_reported(tmp_path):
+def test_model_registry_scales_the_prior_from_the_first_report_and_fits_from_three_gpu_counts(tmp_path):
     import json
 
     ckpt = tmp_path / "ck"
@@ -174,16 +175,27 @@ def test_model_registry_keeps_the_prior_until_three_gpu_counts_are_reported(tmp_
     spec = parse_spec(SPEC_A + f",ckpt_dir={ckpt}")
     from slurm_elastic.backends.base import JobRecord
 
-    job = JobRecord(job_id=3, name="x", user="u", partition="gpu", state="RUNNING", comment=spec.to_comment())
+    job = JobRecord(job_id=3, name="x", user="u", partition="gpu", state="RUNNING", comment=spec.to_comment(),
+                    user_id=os.getuid())
     reg = ModelRegistry(node_size=4)
-    assert reg(job, spec) is load_profile("cifar10")
-    pts = [{"gpus": 1, "batch": 256, "samples_per_s": 100.0}, {"gpus": 2, "batch": 256, "samples_per_s": 190.0}]
+    for restart, k in enumerate((1, 2, 4)):  # Slurm showed the job running 100 s on each GPU count
+        reg.evidence.observe(3, restart, k, 1000.0, 1100.0)
+    prior = load_profile("cifar10")
+    m0 = reg(job, spec)
+    assert reg.sources[3] == "profile cifar10" and m0.samples_per_s(2, 1, 128) == prior.samples_per_s(2, 1, 128)
+    assert reg(job, spec) is m0  # same inputs, same object (the problem cache relies on identity)
+    pts = [{"gpus": 1, "batch": 256, "samples_per_s": 100.0}]
     (ckpt / "throughput.json").write_text(json.dumps({"format": 1, "points": pts}))
-    assert reg(job, spec) is load_profile("cifar10")
-    pts.append({"gpus": 4, "batch": 512, "samples_per_s": 350.0})
+    m1 = reg(job, spec)
+    assert reg.sources[3] == "fitted from 1 report"
+    assert m1.samples_per_s(1, 1, 256) == pytest.approx(100.0)  # the report itself, exactly
+    # the prior's shape is kept: its ratio between two GPU counts is unchanged
+    assert m1.samples_per_s(2, 1, 128) / m1.samples_per_s(1, 1, 256) == pytest.approx(
+        prior.samples_per_s(2, 1, 128) / prior.samples_per_s(1, 1, 256))
+    pts += [{"gpus": 2, "batch": 256, "samples_per_s": 190.0}, {"gpus": 4, "batch": 512, "samples_per_s": 350.0}]
     (ckpt / "throughput.json").write_text(json.dumps({"format": 1, "points": pts}))
     fitted = reg(job, spec)
-    assert fitted is not load_profile("cifar10") and reg.sources[3].startswith("reported")
+    assert reg.sources[3] == "fitted from 3 reports" and fitted.inner is not prior
     assert fitted.samples_per_s(2, 1, 128) == pytest.approx(190.0, rel=0.15)
 
 

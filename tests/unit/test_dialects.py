@@ -220,3 +220,11 @@ def test_arbitrary_json_documents_raise_only_slurm_parse_error(doc):
             parse(doc)
         except SlurmParseError:
             pass
+
+
+@pytest.mark.parametrize("capture", CAPTURED, ids=lambda p: p.name)
+def test_every_captured_job_has_its_users_uid(capture):
+    """The daemon reads a job's files only when they belong to the job's uid (daemon/userfiles.py)."""
+    jobs = [j for f in sorted(capture.glob("squeue_*.json")) for j in parse_jobs(load(f))]
+    assert jobs
+    assert all(isinstance(j.user_id, int) and j.user_id >= 0 for j in jobs), [(j.job_id, j.user_id) for j in jobs]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slurm_elastic.policies import AllocationProblem, JobRequest, get_policy
+from slurm_elastic.policies import AllocationProblem, get_policy
 from slurm_elastic.policies._candidates import make_candidates
 from slurm_elastic.policies._placement import place_check
 from slurm_elastic.profiles.efficiency import efficiency, noise_scale_from_stats
 from slurm_elastic.profiles.goodput import efficiency_for_request, pollux_grad_trace
-from tests.unit.test_policies import MODEL, job, spec
+from tests.unit.test_policies import job, spec
 
 
 def test_efficiency_closed_form():

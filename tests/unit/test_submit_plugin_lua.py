@@ -58,9 +58,20 @@ EXAMPLES = [
     # Found by tests/faults: the plugin accepted points the daemon rejects (then the job waits held forever).
     BASE + ",points=1x64@1e400",
     BASE + ",points=1x1000000000000000000@5",
+    # ckpt_dir in a system directory (issue 11): refused by both, naming ckpt_dir.
+    *(BASE + f",ckpt_dir={d}" for d in ("/", "/etc", "/etc/x", "/usr/lib", "/lib64/x", "/var/lib/slurm-elastic/%j",
+                                         "/var/lib/slurmd", "/proc/1", "/dev", "//etc", "/./etc/x", "/run/user/1")),
+    *(BASE + f",ckpt_dir={d}" for d in ("/etcx", "/home/u/ck", "/var/lib/other/%j", "/scratch/lib")),
     BASE + ",points=1x256@0|2x256@5",
     BASE + ",points=2000000x256@5",
     BASE + ",weight=1e0001",
+    BASE + ",max_failures=0",
+    BASE + ",max_failures=2",
+    BASE + ",max_failures=100",
+    BASE + ",max_failures=101",
+    BASE + ",max_failures=-1",
+    BASE + ",max_failures=0002",
+    BASE + ",max_failures=1.0",
 ]
 
 
@@ -70,7 +81,7 @@ def test_known_examples_agree():
 
 
 KEYS = ["min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch", "batch", "gpus", "weight",
-        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir"]
+        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir", "max_failures"]
 value = st.one_of(st.integers(0, 5000).map(str), st.sampled_from(["x", "1.5", "", "/t/%j", "cifar10", "2e3"]))
 spec_text = st.dictionaries(st.sampled_from(KEYS), value, min_size=3, max_size=9).map(
     lambda d: "elastic:" + ",".join(f"{k}={v}" for k, v in d.items()))
@@ -83,3 +94,73 @@ def test_lua_and_python_accept_and_reject_the_same_specs(comments):
     py = [py_verdict(c) for c in comments]
     for c, a, b in zip(comments, lua, py, strict=True):
         assert (a == "OK") == (b == "OK"), (c, a, b)
+
+
+# ----- the prefix rule: one definition of "elastic" (spec.comment_kind and the plugin's comment_kind) -----
+KIND_HARNESS = r"""
+slurm = {SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294,
+         log_user = function(...) end, log_info = function(...) end, log_error = function(...) end}
+dofile(PLUGIN_PATH)
+for line in io.lines() do
+  local s = string.gsub(line, "%x%x", function(h) return string.char(tonumber(h, 16)) end)
+  local err = nil
+  if is_elastic_comment(s) then err = elastic_spec_error(s) end
+  print(comment_kind_of(s) .. " " .. (err == nil and "OK" or "ERR"))
+end
+"""
+
+
+def lua_kinds(comments):
+    lines = [c.encode("utf-8", "surrogatepass").hex() for c in comments]
+    proc = subprocess.run([LUA, "-e", KIND_HARNESS.replace("PLUGIN_PATH", repr(str(PLUGIN)))],
+                          input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60, check=True)
+    return proc.stdout.splitlines()
+
+
+def py_kind(comment):
+    from slurm_elastic.spec import comment_kind, is_elastic_comment
+
+    ok = "OK"
+    if is_elastic_comment(comment):
+        ok = py_verdict(comment).split()[0]
+    return f"{comment_kind(comment)} {ok}"
+
+
+SPEC_BODY = "min_gpus=1,max_gpus=8,min_batch=128,max_batch=4096,max_local_batch=512"
+HIDDEN = ["", " ", "\t", "\n", "\r", "\v", "\f", "\x00", "\x01", "\x1f", "\x7f", "\x85", "\xa0", "\u200b",
+          "\ufeff", "\u2028", "\u3000", "x", "E", "\ud800"]
+
+
+def test_prefix_examples_agree_and_hidden_prefixes_are_refused():
+    cases = [h + p + SPEC_BODY for h in HIDDEN for p in ("elastic:", "Elastic:", "ELASTIC:", "elastic :")]
+    cases += ["elastic:" + SPEC_BODY.replace("max_gpus=8", f"max_gpus={h}8") for h in HIDDEN]
+    cases += ["", "my run", "not elastic: really", "elastic" , "elastic:"]
+    assert lua_kinds(cases) == [py_kind(c) for c in cases]
+    # The rule itself: only "elastic:" at the first character is elastic; hidden or case-changed
+    # prefixes are refused (malformed), never treated as plain or as valid.
+    from slurm_elastic.spec import comment_kind
+
+    assert comment_kind("elastic:" + SPEC_BODY) == "elastic"
+    for h in ("\x1f", "\xa0", " ", "\ufeff", "\u200b"):
+        assert comment_kind(h + "elastic:" + SPEC_BODY) == "malformed"
+        assert py_kind(h + "elastic:" + SPEC_BODY) == "malformed ERR"
+    assert comment_kind("Elastic:" + SPEC_BODY) == "malformed"
+    assert comment_kind("x elastic:" + SPEC_BODY) == "plain"
+
+
+hidden = st.sampled_from(HIDDEN)
+prefix = st.sampled_from(["elastic:", "Elastic:", "eLaStIc:", "elastic", "elastic :", "elastic;", ""])
+any_text = st.text(alphabet=st.sampled_from(list("ab=,:19 ") + HIDDEN[1:]), max_size=6)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(hidden, max_size=3), prefix, any_text, st.booleans()), min_size=20, max_size=20))
+def test_lua_and_python_classify_every_comment_the_same(parts):
+    comments = []
+    for lead, pre, junk, with_body in parts:
+        body = SPEC_BODY.replace(",", "," + junk, 1) if with_body else junk
+        comments.append("".join(lead) + pre + body)
+    lua = lua_kinds(comments)
+    py = [py_kind(c) for c in comments]
+    for c, a, b in zip(comments, lua, py, strict=True):
+        assert a == b, (c, a, b)

@@ -1,0 +1,101 @@
+"""``slurm-elastic stop JOBID``: checkpoint a running elastic job now, then end it; the checkpoint stays.
+
+It uses the job's stop protocol (docs/TRAINING.md): USR2 to the job's steps (and the
+``stop-request.<job>.<restart>`` file, for tasks that have not installed their handler yet), then it
+waits for ``stop-ack.<job>.<restart>.json`` (the checkpoint is on disk) and cancels the job. It
+refuses, saying why, when the job is not there, not elastic, not the caller's, or not running (a
+pending job has nothing to checkpoint). It prints how to continue in a new submission.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+
+import click
+
+
+def resubmit_hint(comment: str, ckpt_dir: str) -> str:
+    """The spec for a new job that continues from ``ckpt_dir`` (ckpt_dir= pinned to that directory)."""
+    body = comment.strip()[len("elastic:"):]
+    items = [i for i in body.split(",") if i.strip() and not i.strip().startswith("ckpt_dir=")]
+    return "elastic:" + ",".join([*items, f"ckpt_dir={ckpt_dir}"])
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the job's checkpoint acknowledgement.")
+def stop(job_id, timeout_s):
+    """Checkpoint JOB_ID at its next step and end it; its checkpoint is kept for a new submission."""
+    from slurm_elastic.backends.base import SlurmError
+    from slurm_elastic.backends.cli import CliBackend
+    from slurm_elastic.spec import SpecError, is_elastic_comment, parse_spec
+    from slurm_elastic.train.protocol import read_ack, stop_request_path
+
+    b = CliBackend()
+    try:
+        job = b.get_job(job_id)
+        if job is None:
+            old = b.get_job(job_id, include_finished=True)
+    except SlurmError as e:
+        raise click.ClickException(f"job {job_id}: cannot read it from Slurm: {e}") from e
+    if job is None:
+        state = f"has ended ({old.state})" if old is not None else "is not known to Slurm"
+        raise click.ClickException(f"job {job_id} {state}: nothing to stop")
+    if not is_elastic_comment(job.comment):
+        raise click.ClickException(f"job {job_id} is not an elastic job (its Comment has no 'elastic:' spec), so "
+                                   "it cannot checkpoint on request; end it with scancel")
+    try:
+        spec = parse_spec(job.comment, job.job_id)
+    except SpecError as e:
+        raise click.ClickException(f"job {job_id}: {e}") from e
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    if os.geteuid() != 0 and job.user and job.user != me:
+        raise click.ClickException(f"job {job_id} belongs to {job.user}, not to {me}")
+    ckpt = spec.checkpoint_dir(job.job_id, job.work_dir)
+    if not ckpt:
+        raise click.ClickException(f"job {job_id}: its checkpoint directory is unknown (no ckpt_dir= in the spec "
+                                   "and Slurm does not report its working directory)")
+    if not job.is_running:
+        why = "held" if job.held else job.state.lower()
+        raise click.ClickException(
+            f"job {job_id} is not running ({why}): there is nothing to checkpoint. End it with scancel {job_id}; "
+            f"its checkpoint directory {ckpt} is kept either way")
+    restart = job.restart_count
+    if read_ack(ckpt, job_id, restart) is None:
+        try:
+            with open(stop_request_path(ckpt, job_id, restart), "a"):
+                pass
+        except OSError:
+            pass  # the signal is the request; the file only helps tasks that are still starting
+        try:
+            b.signal(job_id, "USR2")
+        except SlurmError as e:
+            raise click.ClickException(f"job {job_id}: cannot signal it: {e}") from e
+        click.echo(f"job {job_id}: asked to checkpoint (USR2); waiting for {ckpt}/stop-ack.{job_id}.{restart}.json")
+    deadline = time.monotonic() + timeout_s
+    while (ack := read_ack(ckpt, job_id, restart)) is None:
+        try:
+            cur = b.get_job(job_id)
+        except SlurmError:
+            cur = job
+        if cur is None or not (cur.is_running or cur.is_completing) or cur.restart_count != restart:
+            raise click.ClickException(
+                f"job {job_id} ended or was requeued before acknowledging a checkpoint "
+                f"({cur.state if cur else 'gone'}); its last periodic checkpoint, if any, is in {ckpt}")
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"job {job_id}: no checkpoint acknowledgement within {timeout_s:g} s; the job "
+                                       "keeps running (is the training script using slurm_elastic.train?)")
+        time.sleep(0.5)
+    try:
+        b._call("scancel", [str(job_id)])
+    except SlurmError as e:
+        raise click.ClickException(f"job {job_id}: checkpointed ({ack.get('checkpoint')}) but scancel failed: "
+                                   f"{e}") from e
+    click.echo(f"job {job_id}: stopped after step {ack.get('optimizer_steps')} (epoch {ack.get('epoch')}, "
+               f"offset {ack.get('offset')}, {ack.get('samples_seen')} samples); checkpoint {ack.get('checkpoint')} "
+               "kept; job cancelled")
+    click.echo("to continue in a new job, submit the same batch script with the checkpoint directory pinned:\n"
+               f"  sbatch --comment={resubmit_hint(job.comment, ckpt)} <batch script> [args]")

@@ -1,0 +1,330 @@
+"""Elastic data for an ordinary ``DataLoader`` loop: the library keeps the data order and the gradient
+scale, the user keeps ``loss = criterion(out, y); loss.backward(); opt.step()``.
+
+Two sources, one plan. :class:`ElasticBatchSampler` (map-style datasets) is the DataLoader's
+``batch_sampler``; :class:`ElasticIterableDataset` wraps an iterable dataset (stream order, no
+shuffle by us). Both cut the epoch into the same global steps as :meth:`ElasticJob.steps` (global
+offset, re-split per start, see :mod:`.sampler`), so resizes keep every sample exactly once.
+Each loader item is one micro-batch. :func:`elastic_batches` (``job.batches(loader)``) wraps the
+iteration and, per micro-batch:
+
+* knows which step it belongs to (the sampler runs ahead of the loop when ``num_workers > 0``; a FIFO
+  of what was sampled, in the loader's in-order delivery, tells what the loop is consuming; iterable
+  workers send the tag along with the batch);
+* scales the gradient of a **mean**-reduced loss: a hook on the model's output multiplies the gradient
+  by ``len(micro-batch) * world / samples_in_global_step``; after DDP's average that is the mean over
+  the global batch whatever the world size, accumulation or tail split (0 for a rank's weight-0
+  placeholder micro-batch);
+* turns off DDP's gradient sync on all but the last micro-batch of a step, and makes ``opt.step()`` and
+  ``opt.zero_grad()`` no-ops until the last one (gradient accumulation without user code);
+* at step boundaries agrees on the stop flag and periodic checkpoints, like ``job.steps()``.
+
+A loss whose gradient does not flow through the model's output (a penalty on the parameters added to
+the loss) is not scaled; keep such terms in the optimizer (``weight_decay``).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .sampler import epoch_permutation, plan_step
+
+
+@dataclass(frozen=True)
+class MicroTag:
+    """Where one loader item sits in the training: its global step and its gradient factor."""
+
+    epoch: int
+    offset: int  # the global step's first sample in the epoch order
+    count: int  # samples in the global step
+    index: int  # micro-batch index within the step on this rank
+    last: bool
+    factor: float  # multiply a mean loss's gradient by this (0 for a placeholder)
+
+
+@dataclass(frozen=True)
+class PlanParams:
+    """Plain data from which every rank (and loader worker) derives its micro-batches."""
+
+    epoch: int
+    offset: int
+    epochs: int
+    size: int
+    seed: int
+    global_batch: int
+    local_batch: int
+    accum: int
+    rank: int
+    world: int
+    shuffle: bool = True
+
+
+def iter_micro(p: PlanParams) -> Iterator[tuple[torch.Tensor, MicroTag]]:
+    """``(indices, tag)`` for every micro-batch of this rank from ``(epoch, offset)`` to the end."""
+    epoch, offset = p.epoch, p.offset
+    while epoch < p.epochs:
+        perm = epoch_permutation(p.size, p.seed, epoch) if p.shuffle else torch.arange(p.size)
+        while offset < p.size:
+            plan = plan_step(perm, epoch, offset, p.global_batch, p.rank, p.world, p.local_batch, p.accum)
+            k = len(plan.micro_batches)
+            for i, mb in enumerate(plan.micro_batches):
+                f = 0.0 if mb.dummy else len(mb) * mb.scale
+                yield mb.indices, MicroTag(epoch, offset, plan.count, i, i == k - 1, f)
+            offset += plan.count
+        epoch, offset = epoch + 1, 0
+
+
+def _params(job, size: int, epochs: int, shuffle: bool) -> PlanParams:
+    a = job.assignment
+    if a is None or job.lr is None:
+        raise RuntimeError("call job.setup() and job.restore() before iterating the data")
+    return PlanParams(job.epoch, job.offset, int(epochs), int(size), job.seed, a.global_batch, a.local_batch,
+                      a.accum, job.rank, job.world_size, shuffle)
+
+
+class ElasticBatchSampler:
+    """``DataLoader(dataset, batch_sampler=ElasticBatchSampler(job, len(dataset), epochs))``.
+
+    Yields this rank's micro-batches (lists of indices) from the job's resumed position to the end of
+    ``epochs``, in the epoch order of ``(seed, epoch)`` (``shuffle=False``: ``0..n-1``).
+    """
+
+    def __init__(self, job, dataset_size: int, epochs: int, *, shuffle: bool = True):
+        self.job, self.size, self.epochs, self.shuffle = job, int(dataset_size), int(epochs), shuffle
+        self.pending: collections.deque[MicroTag] = collections.deque()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.pending.clear()
+        for idx, tag in iter_micro(_params(self.job, self.size, self.epochs, self.shuffle)):
+            self.pending.append(tag)
+            yield idx.tolist()
+
+    def __len__(self) -> int:
+        p = _params(self.job, self.size, self.epochs, self.shuffle)
+        left = (p.epochs - p.epoch) * p.size - p.offset
+        return max(0, -(-left // p.global_batch)) * p.accum  # an upper bound (tails may have fewer)
+
+
+class _Tagged:
+    """A collated micro-batch with its tag, as an iterable dataset's worker sends it."""
+
+    __slots__ = ("batch", "tag")
+
+    def __init__(self, batch, tag: MicroTag):
+        self.batch, self.tag = batch, tag
+
+
+class ElasticIterableDataset(torch.utils.data.IterableDataset):
+    """Wrap an iterable dataset (a stream of samples of known length per epoch) for exactly-once data.
+
+    Use with ``DataLoader(ElasticIterableDataset(job, stream, epochs), batch_size=None, num_workers=k)``.
+    The epoch order is the stream's own order (call ``stream.set_epoch(e)`` if it has it, to reshuffle
+    deterministically). Every rank and worker reads the stream and keeps only the samples of its
+    micro-batches (worker ``w`` of ``k`` builds micro-batches ``w, w+k, ...``, which the DataLoader
+    delivers in order); reading is repeated per rank and worker, so this suits streams that are cheap
+    to read or skip. ``size`` defaults to ``len(stream)``.
+    """
+
+    def __init__(self, job, stream: Iterable, epochs: int, *, size: int | None = None, collate_fn=None):
+        super().__init__()
+        self.job, self.stream, self.epochs = job, stream, int(epochs)
+        self.size = int(size if size is not None else len(stream))  # type: ignore[arg-type]
+        self.collate_fn = collate_fn
+        self.params: PlanParams | None = None
+
+    def snapshot(self) -> None:
+        """Freeze the job's position into plain data (called by ``job.batches`` before workers start)."""
+        self.params = _params(self.job, self.size, self.epochs, shuffle=False)
+
+    def __iter__(self) -> Iterator[_Tagged]:
+        from torch.utils.data import default_collate, get_worker_info
+
+        p = self.params
+        if p is None:
+            raise RuntimeError("iterate an ElasticIterableDataset through job.batches(loader)")
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        collate = self.collate_fn or default_collate
+        epoch, wanted, k = None, {}, 0
+        it = None
+        pos = 0
+        buf: dict[int, object] = {}
+        for idx, tag in iter_micro(p):
+            mine = k % nw == wid
+            k += 1
+            if not mine:
+                continue
+            if tag.epoch != epoch:
+                epoch, pos, buf = tag.epoch, 0, {}
+                if hasattr(self.stream, "set_epoch"):
+                    self.stream.set_epoch(epoch)
+                it = iter(self.stream)
+            wanted = {int(i) for i in idx.tolist()}
+            hi = max(wanted)
+            while pos <= hi:
+                try:
+                    sample = next(it)
+                except StopIteration:
+                    raise RuntimeError(f"the stream ended after {pos} samples in epoch {epoch}; "
+                                       f"size={self.size} was given") from None
+                if pos in wanted:
+                    buf[pos] = sample
+                pos += 1
+            yield _Tagged(collate([buf.pop(int(i)) for i in idx.tolist()]), tag)
+
+
+def elastic_batches(job, loader) -> Iterator:
+    """Iterate ``loader`` (built on an ElasticBatchSampler or an ElasticIterableDataset) for ``job``."""
+    sampler = loader.batch_sampler if isinstance(getattr(loader, "batch_sampler", None), ElasticBatchSampler) \
+        else None
+    ds = loader.dataset
+    if sampler is not None:
+        size = sampler.size
+    elif isinstance(ds, ElasticIterableDataset):
+        ds.snapshot()
+        size = ds.size
+    else:
+        raise TypeError("job.batches() needs a DataLoader with batch_sampler=job.batch_sampler(...) or an "
+                        "ElasticIterableDataset with batch_size=None")
+    if job.dataset_size is not None and job.dataset_size != size:
+        raise RuntimeError(f"the checkpoint is for a dataset of {job.dataset_size} samples, not {size}")
+    job.dataset_size = size
+    model = job.ddp if job.ddp is not None else job.model
+    if model is None or job.optimizer is None:
+        raise RuntimeError("job.wrap(model) and job.register(model=..., optimizer=...) before job.batches()")
+    state = _LoopState(job)
+    hook = model.register_forward_hook(state.forward_hook)
+    state.patch_optimizer()
+    flag_t = torch.zeros(2, dtype=torch.int32, device=job.device if job.ctx.backend == "nccl" else "cpu")
+    try:
+        for item in loader:
+            if sampler is not None:
+                tag, batch = sampler.pending.popleft(), item
+            else:
+                tag, batch = item.tag, item.batch
+            if tag.index == 0:
+                state.begin_step(tag, flag_t)
+            state.tag = tag
+            if job.ddp is not None:
+                job.ddp.require_backward_grad_sync = tag.last
+            yield batch
+            if tag.last and not state.stepped:
+                raise RuntimeError("call opt.step() once per loader item (it is a no-op while accumulating)")
+        state.tag = None
+    finally:
+        hook.remove()
+        state.unpatch_optimizer()
+        if job.ddp is not None:
+            job.ddp.require_backward_grad_sync = True
+
+
+class _LoopState:
+    """The per-iteration bookkeeping of :func:`elastic_batches`."""
+
+    def __init__(self, job):
+        self.job = job
+        self.tag: MicroTag | None = None
+        self.stepped = False
+        self.backward_seen = False
+        self.t0 = 0.0
+        self._orig = None
+
+    # gradient scale for mean losses --------------------------------------------------------------
+    def forward_hook(self, module, inputs, output):  # noqa: ARG002 - torch hook signature
+        tag = self.tag
+        if tag is None or not torch.is_grad_enabled():
+            return None
+        f = tag.factor
+
+        def scale(g, f=f):
+            self.backward_seen = True
+            return g * f
+
+        def visit(o):
+            if isinstance(o, torch.Tensor):
+                if o.requires_grad and o.is_floating_point():
+                    o.register_hook(scale)
+            elif isinstance(o, (list, tuple)):
+                for x in o:
+                    visit(x)
+            elif isinstance(o, dict):
+                for x in o.values():
+                    visit(x)
+            elif hasattr(o, "__dataclass_fields__"):
+                for name in o.__dataclass_fields__:
+                    visit(getattr(o, name))
+
+        visit(output)
+        return None
+
+    # step boundaries ------------------------------------------------------------------------------
+    def begin_step(self, tag: MicroTag, flag_t: torch.Tensor) -> None:
+        job = self.job
+        if (tag.epoch, tag.offset) != (job.epoch, job.offset):
+            raise RuntimeError(f"the loader is at epoch {tag.epoch} offset {tag.offset}, the job at "
+                               f"{job.epoch}/{job.offset}: was opt.step() skipped or the loader re-used?")
+        self.t0 = time.perf_counter()
+        stop, due = job._agree(flag_t)
+        if stop:
+            job._stop_and_exit()
+        if due:
+            job.checkpoint()
+            self.t0 = time.perf_counter()
+        self.stepped = False
+        self.backward_seen = False
+
+    def end_step(self) -> None:
+        job, tag = self.job, self.tag
+        job.offset = tag.offset + tag.count
+        job.samples_seen += tag.count
+        job.optimizer_steps += 1
+        job._steps_this_start += 1
+        if job.offset >= job.dataset_size:
+            job.epoch, job.offset = tag.epoch + 1, 0
+        dt = time.perf_counter() - self.t0
+        if job._steps_this_start > job.throughput_warmup_steps:
+            job._tp_steps += 1
+            job._tp_samples += tag.count
+            job._tp_seconds += dt
+        self.stepped = True
+
+    # the user's optimizer -------------------------------------------------------------------------
+    def patch_optimizer(self) -> None:
+        opt = self.job.optimizer
+        self._orig = (opt.__dict__.get("step"), opt.__dict__.get("zero_grad"))
+        orig_step, orig_zero = opt.step, opt.zero_grad
+
+        def step(*args, **kwargs):
+            tag = self.tag
+            if tag is None:
+                return orig_step(*args, **kwargs)
+            if not tag.last or self.stepped:
+                return None  # accumulating (or a second call for the same step)
+            self.job._optimizer_step(step_fn=lambda: orig_step(*args, **kwargs))
+            self.end_step()
+            return None
+
+        def zero_grad(*args, **kwargs):
+            tag = self.tag
+            # Inside a step, after a backward and before the real optimizer step: the gradient is
+            # being accumulated, keep it.
+            if tag is not None and self.backward_seen and not self.stepped:
+                return None
+            return orig_zero(*args, **kwargs)
+
+        opt.step = step
+        opt.zero_grad = zero_grad
+
+    def unpatch_optimizer(self) -> None:
+        opt = self.job.optimizer
+        for name, old in zip(("step", "zero_grad"), self._orig or (None, None), strict=True):
+            if old is None:
+                opt.__dict__.pop(name, None)
+            else:
+                opt.__dict__[name] = old
+

@@ -1,0 +1,175 @@
+"""PyTorch Lightning under the slurm-elastic daemon: a DDP strategy, a cluster environment and a callback.
+
+Usage (see docs/INTEGRATIONS.md)::
+
+    from slurm_elastic.train import install_stop_handler
+    install_stop_handler()
+    import lightning as L
+    from slurm_elastic.train.integrations.lightning import ElasticLightning
+
+    elastic = ElasticLightning(seed=0, lr_scaling="sqrt")          # process group + this start's batch
+    trainer = L.Trainer(max_epochs=3, **elastic.trainer_kwargs())
+    trainer.fit(model, train_dataloaders=elastic.dataloader(train_set, num_workers=2))
+
+Why a strategy: Lightning's own SLURM environment derives the master port from the job id (collides on
+shared hosts, see train/dist.py) and its DistributedSampler keeps per-rank positions that break when the
+world size changes. :class:`ElasticDDPStrategy` reuses the process group :class:`ElasticJob` set up and
+scales each micro-batch's loss in ``backward`` (exactly 1.0 unless an epoch's tail splits unevenly).
+:class:`ElasticCallback` restores the checkpoint once Lightning has built the optimizer
+(``on_fit_start``, before the DataLoader iterator exists), checks the stop request at every step
+boundary (``on_train_batch_start`` of the first micro-batch), and advances the global sample offset after every optimizer step. The Trainer's
+``max_epochs`` is the number of data epochs; Lightning's own epoch counter restarts at 0 on every start
+(use ``elastic.epoch``). Lightning's checkpoints are not used for resuming.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+
+from ..job import ElasticJob
+from .loop import ExternalLoop, FrameworkBatchSampler
+
+
+class ElasticEnvironment(ClusterEnvironment):
+    """Ranks from the Slurm environment as ElasticJob read them; one process per "node" for Lightning."""
+
+    def __init__(self, job: ElasticJob):
+        super().__init__()
+        self.job = job
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True  # srun started every task
+
+    @property
+    def main_address(self) -> str:
+        return self.job.ctx.master_addr
+
+    @property
+    def main_port(self) -> int:
+        return int(self.job.ctx.master_port)
+
+    @staticmethod
+    def detect() -> bool:
+        return True
+
+    def world_size(self) -> int:
+        return self.job.world_size
+
+    def set_world_size(self, size: int) -> None:
+        if size != self.job.world_size:
+            raise RuntimeError(f"Lightning computed world size {size}, the job runs {self.job.world_size} tasks; "
+                               "pass **elastic.trainer_kwargs() to the Trainer")
+
+    def global_rank(self) -> int:
+        return self.job.rank
+
+    def set_global_rank(self, rank: int) -> None:
+        if rank != self.job.rank:
+            raise RuntimeError(f"Lightning computed rank {rank}, the task is rank {self.job.rank}")
+
+    def local_rank(self) -> int:
+        return 0
+
+    def node_rank(self) -> int:
+        return self.job.rank
+
+
+class ElasticDDPStrategy(DDPStrategy):
+    """DDP on the process group ElasticJob created; per-micro-batch loss factor for exact global means."""
+
+    def __init__(self, elastic: ElasticLightning, **kwargs):
+        super().__init__(cluster_environment=ElasticEnvironment(elastic.job),
+                         process_group_backend=elastic.job.ctx.backend, **kwargs)
+        self.elastic = elastic
+
+    @property
+    def root_device(self) -> torch.device:
+        return self.elastic.job.device
+
+    def backward(self, closure_loss, optimizer, *args: Any, **kwargs: Any):
+        loop = self.elastic.loop
+        if loop.plan is not None and self.lightning_module.automatic_optimization:
+            f = loop.loss_factor(loop.micro)
+            if f != 1.0:
+                closure_loss = closure_loss * f
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+
+class ElasticCallback(Callback):
+    def __init__(self, elastic: ElasticLightning):
+        self.elastic = elastic
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Not on_train_start: the fit loop creates the DataLoader iterator before that hook, and with
+        # num_workers > 0 the iterator reads the batch sampler (the position) at once.
+        if len(trainer.optimizers) != 1:
+            raise RuntimeError("slurm-elastic supports one optimizer per LightningModule")
+        if trainer.accumulate_grad_batches != self.elastic.loop.accum:
+            raise RuntimeError(f"accumulate_grad_batches is {trainer.accumulate_grad_batches}, this start's "
+                               f"assignment needs {self.elastic.loop.accum}: use **elastic.trainer_kwargs()")
+        cfgs = trainer.lr_scheduler_configs
+        sched = cfgs[0].scheduler if cfgs else None
+        self.elastic.loop.restore(model=pl_module, optimizer=trainer.optimizers[0], scheduler=sched,
+                                  epochs=trainer.max_epochs)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        loop = self.elastic.loop
+        if loop.plan is None:
+            loop.step_begin()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loop = self.elastic.loop
+        loop.micro += 1
+        if loop.micro == loop.accum:
+            loop.step_end()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.elastic.loop.finished:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.elastic.loop.finished:
+            self.elastic.loop.finish()
+
+
+class ElasticLightning:
+    """Sets up the job (process group, this start's batch) and hands Lightning what it needs."""
+
+    def __init__(self, ckpt_dir: str | os.PathLike | None = None, **job_kwargs):
+        self.job = ElasticJob(ckpt_dir, **job_kwargs)
+        self.job.setup()
+        self.loop = ExternalLoop(self.job)
+
+    @property
+    def epoch(self) -> int:
+        """The data epoch (Lightning's ``current_epoch`` restarts at 0 on every start)."""
+        return self.job.epoch
+
+    def trainer_kwargs(self) -> dict:
+        a = self.job.assignment
+        return {
+            "strategy": ElasticDDPStrategy(self),
+            "accelerator": "gpu" if self.job.device.type == "cuda" else "cpu",
+            "devices": 1,
+            "num_nodes": self.job.world_size,
+            "callbacks": [ElasticCallback(self)],
+            "use_distributed_sampler": False,
+            "accumulate_grad_batches": a.accum,
+            "enable_checkpointing": False,
+        }
+
+    def dataloader(self, dataset, **loader_kwargs) -> torch.utils.data.DataLoader:
+        """A DataLoader over a map-style ``dataset`` with the elastic batch sampler (any ``num_workers``)."""
+        for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            if k in loader_kwargs:
+                raise TypeError(f"dataloader(): {k}= is set by slurm-elastic (the batch comes from the daemon)")
+        self.loop.set_dataset(len(dataset))
+        return torch.utils.data.DataLoader(dataset, batch_sampler=FrameworkBatchSampler(self.loop), **loader_kwargs)

@@ -1,0 +1,196 @@
+"""``ExternalLoop``: :class:`ElasticJob` driven from a training loop that a framework owns.
+
+Lightning and the Hugging Face Trainer run their own loops, DataLoaders and optimizer steps, so the
+pieces of ``job.steps()`` are handed to them separately:
+
+* a batch sampler (:class:`FrameworkBatchSampler`) that yields this rank's micro-batches of the epoch from
+  the job's global ``(epoch, offset)`` on, always exactly ``accum`` per step on every rank (a rank with
+  no samples left in an epoch's tail gets a placeholder of weight 0), so the framework's own
+  accumulation boundaries are the library's steps;
+* :meth:`step_begin` at every step boundary: the all-reduced stop flag and periodic checkpoints (a stop
+  checkpoints, writes the ack and exits 75, exactly as ``job.steps()`` does);
+* :meth:`loss_factor` for the k-th micro-batch of the step: what turns the framework's "mean over the
+  micro-batch, divided by accum, averaged over ranks" into the mean over the global batch (exactly 1.0
+  when all micro-batches are equal, 0 for a placeholder);
+* optimizer step hooks (``register_step_pre_hook`` / ``register_step_post_hook``) that apply the
+  library's lr factor (lr.py rule x ``lr_schedule(samples)``) for the step only;
+* :meth:`step_end` after the optimizer step: advances the sample offset, samples seen, steps, epoch.
+
+The position is derived from the job's state alone, never from what the DataLoader prefetched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from ..job import ElasticJob
+from ..sampler import StepPlan, epoch_permutation, plan_step
+
+
+class ExternalLoop:
+    def __init__(self, job: ElasticJob):
+        self.job = job
+        self.dataset_size: int | None = None
+        self.epochs: int | None = None
+        self.plan: StepPlan | None = None
+        self.micro = 0  # micro-batches of the current step seen so far (framework hook calls)
+        self._perm_key: tuple[int, int] | None = None
+        self._perm: torch.Tensor | None = None
+        self._flag_t: torch.Tensor | None = None
+        self._hooks: list = []
+        self._saved_lrs: list[float] | None = None
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------ position
+    @property
+    def accum(self) -> int:
+        return self.job.assignment.accum
+
+    def perm(self, epoch: int) -> torch.Tensor:
+        key = (self.dataset_size, epoch)
+        if self._perm_key != key:
+            self._perm = epoch_permutation(self.dataset_size, self.job.seed, epoch)
+            self._perm_key = key
+        return self._perm
+
+    def plan_at(self, epoch: int, offset: int) -> StepPlan:
+        a = self.job.assignment
+        return plan_step(self.perm(epoch), epoch, offset, a.global_batch, self.job.rank, self.job.world_size,
+                         a.local_batch, a.accum)
+
+    def micro_batches(self, plan: StepPlan) -> list[tuple[list[int], float]]:
+        """Exactly ``accum`` ``(indices, weight)`` for this rank: the plan's, padded with weight-0 placeholders."""
+        out = [([int(i) for i in mb.indices], 0.0 if mb.dummy else float(len(mb))) for mb in plan.micro_batches]
+        pad = int(plan.micro_batches[0].indices[0]) if plan.micro_batches else int(self.perm(plan.epoch)[0])
+        while len(out) < self.accum:
+            out.append(([pad], 0.0))
+        return out
+
+    def steps_per_epoch(self) -> int:
+        b = self.job.assignment.global_batch
+        return -(-self.dataset_size // b)
+
+    def set_dataset(self, dataset_size: int) -> None:
+        if self.job.dataset_size is not None and self.job.dataset_size != dataset_size:
+            raise RuntimeError(f"the checkpoint is for a dataset of {self.job.dataset_size} samples, "
+                               f"not {dataset_size}")
+        self.dataset_size = int(dataset_size)
+
+    def restore(self, *, model, optimizer, scheduler=None, epochs: int) -> bool:
+        """Register the framework's model/optimizer (unwrapped), load the checkpoint, hook the optimizer."""
+        self.epochs = int(epochs)
+        self.job.register(model=model, optimizer=optimizer, scheduler=scheduler)
+        found = self.job.restore()
+        if self.dataset_size is not None:
+            self.set_dataset(self.dataset_size)
+            self.job.dataset_size = self.dataset_size
+        self._hooks = [optimizer.register_step_pre_hook(self._pre_step),
+                       optimizer.register_step_post_hook(self._post_step)]
+        return found
+
+    @property
+    def finished(self) -> bool:
+        return self.epochs is not None and self.job.epoch >= self.epochs
+
+    # ------------------------------------------------------------ step boundary
+    def step_begin(self) -> None:
+        """At a step boundary on every rank: agree on stop / periodic checkpoint; a stop exits with 75."""
+        job = self.job
+        self._t0 = time.perf_counter()
+        if self._flag_t is None:
+            self._flag_t = torch.zeros(2, dtype=torch.int32,
+                                       device=job.device if job.ctx.backend == "nccl" else "cpu")
+        stop, due = job._agree(self._flag_t)
+        if stop:
+            self.remove_hooks()
+            job._stop_and_exit()  # checkpoint, ack, barrier, teardown, SystemExit(75)
+        if due:
+            job.checkpoint()
+            self._t0 = time.perf_counter()
+        self.plan = self.plan_at(job.epoch, job.offset)
+        self.micro = 0
+
+    def loss_factor(self, k: int, *, normalized_globally: bool = False) -> float:
+        """Multiplier for micro-batch ``k``'s loss.
+
+        ``normalized_globally=False``: the framework's loss is the micro-batch mean divided by ``accum``,
+        then averaged over ranks by DDP; the factor ``world * n_k * accum / count`` makes that the mean
+        over the global batch (1.0 exactly when all micro-batches are equal). ``True``: the framework
+        already normalized by the global item count (HF ``num_items_in_batch``); only placeholders (0).
+        """
+        plan = self.plan
+        n_k = self.micro_batches(plan)[k][1]
+        if normalized_globally:
+            return 0.0 if n_k == 0 else 1.0
+        return self.job.world_size * n_k * self.accum / plan.count
+
+    def step_end(self) -> None:
+        """After the optimizer step (all ranks): advance the global position by the step's samples."""
+        job, plan = self.job, self.plan
+        job.offset += plan.count
+        job.samples_seen += plan.count
+        job.optimizer_steps += 1
+        job._steps_this_start += 1
+        if job._steps_this_start > job.throughput_warmup_steps:  # as in job.steps(): for the daemon
+            job._tp_steps += 1
+            job._tp_samples += plan.count
+            job._tp_seconds += time.perf_counter() - self._t0
+        if job.offset >= self.dataset_size:
+            job.epoch += 1
+            job.offset = 0
+        self.plan = None
+
+    # ------------------------------------------------------------ lr
+    def _pre_step(self, optimizer, args, kwargs) -> None:  # noqa: ARG002 - torch hook signature
+        f = self.job.lr_factor
+        self._saved_lrs = [g["lr"] for g in optimizer.param_groups]
+        for g in optimizer.param_groups:
+            g["lr"] = g["lr"] * f
+
+    def _post_step(self, optimizer, args, kwargs) -> None:  # noqa: ARG002
+        if self._saved_lrs is not None:
+            for g, lr in zip(optimizer.param_groups, self._saved_lrs, strict=True):
+                g["lr"] = lr
+            self._saved_lrs = None
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def finish(self) -> None:
+        self.remove_hooks()
+        self.job.finish()
+
+
+class FrameworkBatchSampler(torch.utils.data.Sampler):
+    """This rank's micro-batches (lists of dataset indices) of the current epoch from the job's position,
+    padded with weight-0 placeholders so that a framework's own accumulation boundaries line up with the
+    library's steps (the plain-PyTorch sampler, :class:`slurm_elastic.train.data.ElasticBatchSampler`, lets
+    the library own accumulation instead).
+
+    Read at ``iter()`` time, so the framework's per-epoch ``iter(dataloader)`` continues where the last
+    step ended. ``len()`` is a full epoch (``steps x accum``), whatever the position, since frameworks
+    size their loops from it before the checkpoint is loaded; a resumed epoch simply ends early.
+    """
+
+    def __init__(self, loop: ExternalLoop):
+        self.loop = loop
+
+    def __len__(self) -> int:
+        return self.loop.steps_per_epoch() * self.loop.accum
+
+    def __iter__(self) -> Iterator[list[int]]:
+        loop = self.loop
+        if loop.finished:
+            return
+        epoch, offset = loop.job.epoch, loop.job.offset
+        n = loop.dataset_size
+        while offset < n:
+            plan = loop.plan_at(epoch, offset)
+            for idx, _w in loop.micro_batches(plan):
+                yield idx
+            offset += plan.count

@@ -1,0 +1,155 @@
+"""The pyslurm backend's mapping, retry rules, backend choice and worker protocol, with a fake pyslurm.
+
+The live behaviour (22.05 on the host, 24.11 in the chroot) is in tests/integration/test_cluster_backend.py.
+"""
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_elastic.backends.base import JobRecord, SlurmError, SlurmParseError, SlurmTimeout
+from slurm_elastic.backends.choose import choose_backend, major
+from slurm_elastic.backends.pyslurm_backend import PyslurmBackend, gpus_in_gres_dict, job_record, node_record
+from slurm_elastic.backends.pyslurm_worker import _decode, _encode, serve
+
+
+class FakeError(Exception):
+    def __init__(self, errno=-1, msg=None):
+        super().__init__(msg)
+        self.errno, self.msg = errno, msg
+
+
+def fake_job(**over):
+    base = dict(id=7, state="PENDING", allocated_nodes=None, num_nodes=1, gres_per_node={"gpu": 2}, priority=0,
+                state_reason="JobHeldAdmin", is_requeueable=True, user_id=0, name="j", partition="gpu",
+                comment="elastic:min_gpus=1", admin_comment=None, requeue_count=1, submit_time=100,
+                start_time=0, working_directory="/w")
+    base.update(over)
+    return SimpleNamespace(**base)
+
+
+def test_job_record_matches_the_cli_meaning():
+    r = job_record(fake_job())
+    assert (r.job_id, r.state, r.held, r.gpus_per_node, r.gpus_total, r.restart_count) == (7, "PENDING", True, 2, 2, 1)
+    assert r.user == "root" and r.admin_comment == "" and r.start_time is None and r.work_dir == "/w"
+    run = job_record(fake_job(state="RUNNING", allocated_nodes="node[1-2]", num_nodes=2, priority=5,
+                              state_reason="None", gres_per_node={"gres/gpu": 4}))
+    assert run.nodes == ("node1", "node2") and run.gpus_total == 8 and not run.held
+    # 22.05 prints only the flag while a requeued job is held: it is pending.
+    assert job_record(fake_job(state="REQUEUE_HOLD")).state == "PENDING"
+    assert job_record(fake_job(state="COMPLETING")).is_completing
+
+
+def test_bad_values_from_pyslurm_name_the_job_and_field():
+    with pytest.raises(SlurmParseError, match="job 7: priority"):
+        job_record(fake_job(priority="high"))
+    with pytest.raises(SlurmParseError, match="job 7: tres_per_node"):
+        job_record(fake_job(gres_per_node={"gpu": -1}))
+    with pytest.raises(SlurmParseError, match="valid id"):
+        job_record(fake_job(id=0))
+
+
+def test_gres_dicts_of_both_versions():
+    assert gpus_in_gres_dict({"gpu": {"count": 3, "indexes": "0-2"}}, what="x") == 3
+    assert gpus_in_gres_dict({"gpu:a100": 2, "gpu:v100": 1, "shard": 8}, what="x") == 3
+    assert gpus_in_gres_dict({}, what="x") == 0
+    n = node_record(SimpleNamespace(name="node1", state="IDLE+DRAIN", configured_gres={"gpu": 4},
+                                    allocated_gres={"gpu": 1}, total_cpus=8, partitions=["gpu"]))
+    assert (n.state, n.state_flags, n.gpus_total, n.gpus_used, n.usable) == ("IDLE", ("DRAIN",), 4, 1, False)
+
+
+class FakePyslurm:
+    PyslurmError = FakeError
+    RPCError = FakeError
+
+    def __init__(self, failures):
+        self.failures = list(failures)
+        self.calls = 0
+        outer = self
+
+        class Jobs:
+            @staticmethod
+            def load():
+                outer.calls += 1
+                if outer.failures:
+                    raise outer.failures.pop(0)
+                return {7: fake_job()}
+
+        self.Jobs = Jobs
+
+
+def test_transient_rpc_errors_are_retried_then_typed():
+    fake = FakePyslurm([FakeError(1, "Zero Bytes were transmitted or received")])
+    b = PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0)
+    assert [j.job_id for j in b.list_jobs()] == [7] and fake.calls == 2
+    # libslurm already retried the connection for MessageTimeout seconds: no second round.
+    fake = FakePyslurm([FakeError(1, "Unable to contact slurm controller (connect failure)")])
+    with pytest.raises(SlurmTimeout, match="unreachable"):
+        PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
+    assert fake.calls == 1
+    fake = FakePyslurm([FakeError(1, "Socket timed out on send/recv operation")] * 4)
+    with pytest.raises(SlurmTimeout, match="transiently"):
+        PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
+    assert fake.calls == 4
+    fake = FakePyslurm([FakeError(2017, "Invalid job id specified")])
+    with pytest.raises(SlurmError) as e:
+        PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
+    assert fake.calls == 1 and e.value.returncode == 2017 and "Invalid job id" in e.value.stderr
+
+
+class FakeCli:
+    retries, retry_delay = 3, 1.0
+
+    def __init__(self, version="22.05.8"):
+        self._v = version
+
+    def version(self):
+        return self._v
+
+
+def test_choice_auto_cli_pyslurm():
+    made = []
+    factory = made.append
+    cli = FakeCli()
+    b, why = choose_backend("auto", cli, probe=lambda: ("22.5.3", ""), factory=lambda c: "PY")
+    assert b == "PY" and "matches Slurm 22.05.8" in why
+    b, why = choose_backend("auto", cli, probe=lambda: ("24.11.0", ""), factory=factory)
+    assert b is cli and "built for another Slurm" in why and not made
+    b, why = choose_backend("auto", cli, probe=lambda: (None, "'import pyslurm' fails: No module"), factory=factory)
+    assert b is cli and "No module" in why
+    assert choose_backend("cli", cli, probe=lambda: 1 / 0)[0] is cli  # never probed
+    with pytest.raises(SlurmError, match="cannot be used.*another Slurm"):
+        choose_backend("pyslurm", cli, probe=lambda: ("24.11.0", ""), factory=factory)
+    with pytest.raises(ValueError):
+        choose_backend("grpc", cli)
+    assert major("22.5.3") == major("22.05.8") == (22, 5) and major("24.11.0") != major("25.11.1")
+
+
+def test_worker_protocol_round_trips_records_and_typed_errors():
+    rec = job_record(fake_job())
+    assert _decode(json.loads(json.dumps(_encode([rec])))) == [rec]
+
+    class B:
+        def list_jobs(self, include_finished=False):
+            return [rec]
+
+        def release(self, job_id):
+            raise SlurmTimeout("slow", argv=["pyslurm", "release"], stderr="Socket timed out")
+
+    out = io.StringIO()
+    serve(B(), io.StringIO('{"call": "list_jobs"}\n{"call": "release", "args": [3]}\n{"call": "rm"}\n'), out)
+    answers = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert isinstance(_decode(answers[0]["ok"])[0], JobRecord)
+    assert answers[1]["error"]["type"] == "SlurmTimeout" and answers[1]["error"]["stderr"] == "Socket timed out"
+    assert answers[2]["error"]["type"] == "ValueError"
+
+
+def test_config_backend_key():
+    from slurm_elastic.daemon.config import ConfigError, config_from_dict
+
+    assert config_from_dict({}).backend == "cli"
+    assert config_from_dict({"backend": "auto"}).backend == "auto"
+    with pytest.raises(ConfigError, match="backend must be one of auto, cli, pyslurm"):
+        config_from_dict({"backend": "grpc"})
