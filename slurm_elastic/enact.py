@@ -212,10 +212,7 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
         book = books.get(view.job_id)
         since = None if book is None or book.last_change_s is None else now - book.last_change_s
         cooling = view.status == pl.RUNNING and since is not None and since < config.cooldown_s
-        # The planner's stability guard: no step reported at this size yet (see planner.py, rule 4).
-        settling = (view.status == pl.RUNNING and view.stepped is False
-                    and (since is None or since < config.settle_timeout_s))
-        if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling or settling:
+        if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
             jobs[i] = replace(req, frozen=True)
             changed = True
     if not changed:
@@ -243,7 +240,7 @@ def run_cycle(
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
 
     Jobs the planner will not resize this cycle (in flight, released but not started, in their
-    rescale cooldown, not yet stepped at their size) are handed to the policy ``frozen`` at their size, so the allocation counts on
+    rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on
     no GPUs the planner cannot move."""
     enactor.poll()
     snap = build_problem(

@@ -291,6 +291,8 @@ class _LoopState:
             job._tp_steps += 1
             job._tp_samples += tag.count
             job._tp_seconds += dt
+        if job.rank == 0:  # the report: this start's first step (the daemon's stability guard), throughput
+            job._maybe_report()
         self.stepped = True
 
     # the user's optimizer -------------------------------------------------------------------------

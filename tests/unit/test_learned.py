@@ -213,21 +213,3 @@ def test_the_daemon_s_learned_noise_scale_drives_the_goodput_objective(tmp_path)
     req2 = build_problem([rec2], nodes, model_for=_registry(rec2), now=2000.0).problem.jobs[0]
     assert req2.noise_scale is None and efficiency_for_request(req2)[1][0] == "conservative"
 
-
-def test_a_job_without_a_step_is_handed_to_the_policy_frozen(tmp_path):
-    """The planner's stability guard (h12l) and the policy's frozen jobs (h12p) agree: a job the
-    planner will not resize yet keeps its GPUs in the allocation too."""
-    from slurm_elastic.enact import _freeze
-
-    rec, spec = _job(SPEC, tmp_path, gpus=4, restart=2)
-    reg = _registry(rec)
-    _report(tmp_path, starts=[{"restart_count": 1, "first_step": 5.0}])
-    nodes = [NodeRecord("n1", "MIXED", (), 4, 4, 8, ("gpu",))]
-    snap = build_problem([rec], nodes, model_for=reg, now=100.0)
-    cfg = pl.PlannerConfig(cooldown_s=10, settle_timeout_s=900)
-    books = {7: pl.JobBook(last_change_s=90.0)}
-    assert _freeze(snap, books, 160.0, cfg).problem.jobs[0].frozen is True
-    assert _freeze(snap, books, 90.0 + 901, cfg).problem.jobs[0].frozen is False  # settle timeout passed
-    _report(tmp_path, starts=[{"restart_count": 2, "first_step": 95.0}])
-    stepped = build_problem([rec], nodes, model_for=reg, now=100.0)
-    assert _freeze(stepped, books, 160.0, cfg).problem.jobs[0].frozen is False
