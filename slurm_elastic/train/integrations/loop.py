@@ -138,6 +138,8 @@ class ExternalLoop:
             job._tp_steps += 1
             job._tp_samples += plan.count
             job._tp_seconds += time.perf_counter() - self._t0
+        if job.rank == 0:  # the report, as job.steps() writes it (first step of this start, throughput)
+            job._maybe_report()
         if job.offset >= self.dataset_size:
             job.epoch += 1
             job.offset = 0
