@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from slurm_elastic import planner as pl
@@ -203,6 +203,23 @@ class CycleResult:
     results: tuple[ActionResult, ...]
 
 
+def _freeze(snap, books, now: float, config: pl.PlannerConfig):
+    jobs = list(snap.problem.jobs)
+    changed = False
+    for i, (req, view) in enumerate(zip(jobs, snap.views, strict=True)):
+        if req.running_gpus <= 0 or req.frozen:
+            continue
+        book = books.get(view.job_id)
+        since = None if book is None or book.last_change_s is None else now - book.last_change_s
+        cooling = view.status == pl.RUNNING and since is not None and since < config.cooldown_s
+        if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
+            jobs[i] = replace(req, frozen=True)
+            changed = True
+    if not changed:
+        return snap
+    return replace(snap, problem=replace(snap.problem, jobs=tuple(jobs)))
+
+
 def run_cycle(
     backend: SlurmBackend,
     policy: Policy,
@@ -217,9 +234,14 @@ def run_cycle(
     default_restart_s: float = 45.0,
     horizon_s: float = 3600.0,
     placement: bool = True,
+    job_info=None,
     left_alone: Mapping[int, str] | None = None,
 ) -> CycleResult:
-    """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``."""
+    """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
+
+    Jobs the planner will not resize this cycle (in flight, released but not started, in their
+    rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on
+    no GPUs the planner cannot move."""
     enactor.poll()
     jobs, nodes = backend.list_jobs(), backend.list_nodes()
     if node_size is None and not any(n.gpus_total > 0 for n in nodes):
@@ -239,8 +261,10 @@ def run_cycle(
         horizon_s=horizon_s,
         allow_preemption=bool(planner_config and planner_config.allow_preemption),
         spec_cache=state.spec_cache,
+        job_info=job_info,
         left_alone=left_alone,
     )
+    snap = _freeze(snap, state.books, now, planner_config or pl.PlannerConfig())
     if snap.problem.jobs:
         alloc = policy.allocate(snap.problem)
     else:

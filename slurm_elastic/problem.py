@@ -28,7 +28,9 @@ Rules:
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
   restart cost measured for the job (the model's ``restart_s``, see profiles/learned.py), else the
   spec's own estimate, else ``default_restart_s``; ``noise_scale``/``base_batch`` are the model's
-  (what the job reported; None otherwise). A running job's view says whether it has reported a step
+  (what the job reported, profiles/learned.py; None otherwise), unless the driver's ``job_info``
+  gives a noise scale (the simulator: the trace's); ``attained_gpu_s``/``remaining_samples`` come
+  from ``job_info``. A running job's view says whether it has reported a step
   in its current start (``stepped``; None when the model does not know), for the planner's
   stability guard; ``wait_s`` is the time since submission while it
   is pending. Starting and in-flight jobs are handed to the policy as running at their committed size,
@@ -56,6 +58,21 @@ from slurm_elastic.spec import (
 )
 
 ModelFor = Callable[[JobRecord, ElasticSpec], ThroughputModel]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a job itself reports beyond Slurm's view (the in-job library's report; the simulated job's
+    state in the simulator): its gradient noise scale and reference batch, the GPU-seconds it has had,
+    and the work it has left. Every field may be None/0: unknown."""
+
+    noise_scale: float | None = None
+    base_batch: int | None = None
+    attained_gpu_s: float = 0.0
+    remaining_samples: float | None = None
+
+
+JobInfoFor = Callable[[JobRecord], "JobInfo | None"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,20 @@ class SpecCache:
         return self._parsed(self._d, (comment, node_size), parse, job_id)
 
 
+def _with_info(req: JobRequest, r: JobRecord, job_info: JobInfoFor | None) -> JobRequest:
+    info = job_info(r) if job_info is not None else None
+    if info is None:
+        return req
+    # A noise scale the driver reports wins over the model's (the daemon's model carries what the job
+    # reported, see profiles/learned.py); an unknown one keeps the model's rather than erasing it.
+    if info.noise_scale is not None:
+        ns, b0 = info.noise_scale, info.base_batch
+    else:
+        ns, b0 = req.noise_scale, req.base_batch
+    return replace(req, noise_scale=ns, base_batch=b0,
+                   attained_gpu_s=info.attained_gpu_s, remaining_samples=info.remaining_samples)
+
+
 def node_size_of(nodes: Iterable[NodeRecord]) -> int:
     counts = Counter(n.gpus_total for n in nodes if n.gpus_total > 0)
     if not counts:
@@ -174,9 +205,11 @@ def build_problem(
     horizon_s: float = 3600.0,
     allow_preemption: bool = False,
     spec_cache: SpecCache | None = None,
+    job_info: JobInfoFor | None = None,
     left_alone: Mapping[int, str] | None = None,
 ) -> Snapshot:
     """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
+    ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known;
     ``left_alone`` maps job id -> reason for elastic jobs the driver must not act on."""
     parts = None if partitions is None else frozenset(partitions)
     in_flight = in_flight or {}
@@ -256,7 +289,7 @@ def build_problem(
                 decisions[r.job_id] = d
             if view.status == PENDING and r.submit_time is not None:
                 req = replace(req, wait_s=max(0.0, now - r.submit_time))
-            reqs.append(req)
+            reqs.append(_with_info(req, r, job_info))
             views.append(view)
             continue
         try:
@@ -297,12 +330,14 @@ def build_problem(
             base_batch=getattr(model, "base_batch", None),
         )
         on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
+        if on:
+            req = replace(req, nodes=on, gpus_per_node=r.gpus_per_node)
         facts = getattr(model, "facts", None)
         known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
         stepped = (r.restart_count in facts.stepped_restarts) if known else None
         view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped)
         cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
-        reqs.append(req)
+        reqs.append(_with_info(req, r, job_info))
         views.append(view)
 
     if non_elastic_per_node:
@@ -316,6 +351,7 @@ def build_problem(
         horizon_s=horizon_s,
         allow_preemption=allow_preemption,
         free_gpus_per_node=free_per_node,
+        node_capacity=tuple((n.name, max(0, n.gpus_total - non_elastic_per_node[n.name])) for n in managed) or None,
     )
     return Snapshot(
         problem=problem,

@@ -76,6 +76,7 @@ class SimJob:
     duration_s: float | None = None  # non-elastic jobs
     model: ThroughputModel | None = None
     efficiency: object | None = None  # goodput work model: batch -> statistical efficiency (None: 1)
+    grad_trace: object | None = None  # goodput work model over time: efficiency(batch, progress), next_change
     checkpoint_s: float = 10.0
     restart_s: float = 35.0
     startup_s: float = 0.0
@@ -166,6 +167,7 @@ class SimulatedSlurm(SlurmBackend):
         model: ThroughputModel | None = None,
         requeueable: bool = True,
         efficiency=None,
+        grad_trace=None,
         checkpoint_s: float | None = None,
         restart_s: float | None = None,
         startup_s: float | None = None,
@@ -194,6 +196,7 @@ class SimulatedSlurm(SlurmBackend):
             duration_s=duration_s,
             model=model,
             efficiency=efficiency,
+            grad_trace=grad_trace,
             checkpoint_s=self.checkpoint_s if checkpoint_s is None else checkpoint_s,
             restart_s=self.restart_s if restart_s is None else restart_s,
             startup_s=self.startup_s if startup_s is None else startup_s,
@@ -233,6 +236,9 @@ class SimulatedSlurm(SlurmBackend):
                 self._on_ack(j)
             elif kind == "done":
                 self._complete(j)
+            elif kind == "stats":
+                self._on_stats(j)
+                continue
             self._schedule()
         self._tick(t)
 
@@ -292,8 +298,38 @@ class SimulatedSlurm(SlurmBackend):
         j.size_history.append((self.now, j.gpus, j.batch))
         if j.rate <= 0:
             raise SlurmError(f"job {j.job_id}: throughput model gave {j.rate} samples/s")
+        self._push_next(j)
+
+    def _push_next(self, j: SimJob) -> None:
+        """The job's next event at its current rate: done, or (trace work model) the next change of
+        its gradient statistics, where its rate is recomputed."""
         remaining = max(0.0, j.total_samples - j.processed)
+        if j.grad_trace is not None:
+            nxt = j.grad_trace.next_change(j.processed)
+            if nxt < j.total_samples:
+                self._push(self.now + max(nxt - j.processed, 0.0) / j.rate + 1e-9, j, "stats")
+                return
         self._push(self.now + remaining / j.rate, j, "done")
+
+    def _on_stats(self, j: SimJob) -> None:
+        self._accrue(j)
+        j.rate = self._rate(j)
+        self._push_next(j)
+
+    def noise_scale(self, j: SimJob) -> float | None:
+        """What the in-job library would report now: the noise scale at its batch and progress."""
+        if j.grad_trace is None or j.phase != TRAINING or not j.batch:
+            return None
+        return j.grad_trace.noise_scale(j.batch, self.progress(j))
+
+    def progress(self, j: SimJob) -> float:
+        """Work done so far (samples, at the app's initial batch under the goodput work model)."""
+        if j.phase == TRAINING and j.rate > 0 and j.end_time is None:
+            return j.processed + j.rate * (self.now - j.last_update)
+        return j.processed
+
+    def attained_gpu_s(self, j: SimJob) -> float:
+        return j.gpu_s + (j.gpus * (self.now - j.run_start) if j.nodes else 0.0)
 
     def _rate(self, j: SimJob) -> float:
         try:
@@ -313,7 +349,9 @@ class SimulatedSlurm(SlurmBackend):
                 raise SlurmError(f"job {j.job_id}: requested batch {b} cannot run on {j.gpus} GPUs")
             j.batch, j.local_batch, j.accum = b, split[0], split[1]
         rate = j.model.samples_per_s(j.gpus, j.num_nodes, j.local_batch, j.accum)
-        if j.efficiency is not None:
+        if j.grad_trace is not None:
+            rate *= j.grad_trace.efficiency(j.batch, j.processed)
+        elif j.efficiency is not None:
             rate *= float(np.asarray(j.efficiency(np.array([float(j.batch)])))[0])
         return rate
 

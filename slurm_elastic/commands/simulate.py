@@ -29,13 +29,13 @@ def _policies(policy: str | None, compare: str | None) -> list[str]:
     return [policy or "dp"]
 
 
-def _get_policy(name: str, dp_objective: str = "throughput"):
+def _get_policy(name: str, dp_objective: str = "completion"):
     try:
         from slurm_elastic.policies import get_policy
     except ImportError as e:  # pragma: no cover - the registry ships with the optimizer
         raise click.ClickException(f"the policy registry is not available: {e}") from None
     try:
-        if dp_objective != "throughput" and name.strip().lower() == "dp":
+        if name.strip().lower() == "dp":
             return get_policy(name, objective=dp_objective)
         return get_policy(name)
     except (KeyError, ValueError) as e:
@@ -78,7 +78,7 @@ def _get_policy(name: str, dp_objective: str = "throughput"):
 @click.option("--work-model", type=click.Choice(["samples", "goodput"]), default="samples", show_default=True,
               help="samples: a job needs its total samples at any batch (the paper's model); goodput: progress "
                    "is samples x the app's statistical efficiency at its batch (Pollux validation data).")
-@click.option("--dp-objective", type=click.Choice(["throughput", "goodput"]), default="throughput",
+@click.option("--dp-objective", type=click.Choice(["completion", "goodput", "pnorm", "throughput"]), default="completion",
               show_default=True, help="What the dp policy maximises.")
 @click.option("--sweep", help="Synthetic arrival-rate sweep: comma-separated rates (jobs/h), instead of --rate.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: when stderr is a terminal).")
@@ -154,7 +154,7 @@ def simulate(workload_path, fmt, rate, n_jobs, hours, mix, seed, sacct_static, p
 
 def _sweep(sweep, n_jobs, hours, mix, seed, policy, compare, nodes, gpus_per_node, interval, checkpoint_s,
            restart_s, startup_s, cooldown, max_in_flight, horizon, json_out, plot_dir, progress, work_model="samples",
-           dp_objective="throughput"):
+           dp_objective="completion"):
     """Run each policy at each arrival rate; JSON: {policy: {"rate_per_h": [...], "runs": [metrics...]}}."""
     from slurm_elastic.planner import PlannerConfig
     from slurm_elastic.sim import workloads as wl

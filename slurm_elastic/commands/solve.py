@@ -9,14 +9,14 @@ import click
 
 @click.command("solve")
 @click.argument("problem_file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
-@click.option("--policy", "policy_name", type=click.Choice(["dp", "fixed-batch", "static"]), default="dp",
+@click.option("--policy", "policy_name", type=click.Choice(["dp", "fixed-batch", "static", "pollux-dp", "tiresias"]), default="dp",
               show_default=True, help="Which allocator to run.")
 @click.option("--admission", type=click.Choice(["priority", "joint"]), default="priority", show_default=True,
               help="dp only: admit pending jobs by priority first, or let the optimiser choose.")
 @click.option("--starvation-s", type=float, default=3600.0, show_default=True,
               help="A pending job blocked this long stops later jobs from passing it.")
-@click.option("--objective", type=click.Choice(["throughput", "goodput"]), default="throughput",
-              show_default=True, help="dp only: maximise samples/s, or samples/s x statistical efficiency.")
+@click.option("--objective", type=click.Choice(["completion", "goodput", "pnorm", "throughput"]), default="completion",
+              show_default=True, help="dp only: completion (remaining work done per second, goodput), goodput, pnorm (Pollux), throughput (the paper).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def solve(problem_file, policy_name, admission, starvation_s, objective, as_json):
     """Solve one allocation problem from a JSON file (format: docs/ALGORITHM.md, examples/problem.json).
@@ -25,7 +25,7 @@ def solve(problem_file, policy_name, admission, starvation_s, objective, as_json
     samples/s and the reason, then the objective (total weighted speedup) and the solve time.
     """
     from slurm_elastic.policies import get_policy
-    from slurm_elastic.policies.problem import allocation_to_dict, problem_from_dict
+    from slurm_elastic.policies.problem_json import allocation_to_dict, problem_from_dict
     from slurm_elastic.spec import SpecError
 
     try:
@@ -42,7 +42,7 @@ def solve(problem_file, policy_name, admission, starvation_s, objective, as_json
     options = {"starvation_s": starvation_s}
     if policy_name == "dp":
         options.update(admission=admission, objective=objective)
-    elif policy_name == "static":
+    elif policy_name in ("static", "tiresias"):
         options = {}
     compile_s = None
     if policy_name == "dp":  # load (or compile) the numba kernel first: not part of the solve time

@@ -4,18 +4,21 @@
 
 * ``dp`` -- the paper's optimizer: exact knapsack DP over GPU count and batch (:mod:`.dp`);
 * ``fixed-batch`` -- elastic GPU count at the requested batch, greedy as Optimus (:mod:`.fixed_batch`);
-* ``static`` -- FIFO gang scheduling at the requested GPUs and batch, never resized (:mod:`.static`).
+* ``static`` -- FIFO gang scheduling at the requested GPUs and batch, never resized (:mod:`.static`);
+* ``pollux-dp`` -- Pollux's objective (goodput, p-norm p=-1, restart penalty) solved by our DP (:mod:`.pollux`);
+* ``tiresias`` -- Tiresias's 2D-LAS, rigid sizes, preemptive (:mod:`.tiresias`).
 """
 
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, JobRequest, Policy
 
-POLICY_NAMES = ("dp", "fixed-batch", "static")
+POLICY_NAMES = ("dp", "fixed-batch", "static", "pollux-dp", "tiresias")
 
 __all__ = ["Allocation", "AllocationProblem", "JobAllocation", "JobRequest", "Policy", "POLICY_NAMES", "get_policy"]
 
 
 def get_policy(name: str, **options) -> Policy:
-    """A new policy object by name (``dp``, ``fixed-batch``/``fixed_batch``, ``static``)."""
+    """A new policy object by name (``dp``, ``fixed-batch``/``fixed_batch``, ``static``, ``pollux-dp``,
+    ``tiresias``)."""
     key = name.strip().lower().replace("_", "-")
     if key == "dp":
         from slurm_elastic.policies.dp import DPPolicy
@@ -29,4 +32,12 @@ def get_policy(name: str, **options) -> Policy:
         from slurm_elastic.policies.static import StaticPolicy
 
         return StaticPolicy(**options)
+    if key == "pollux-dp":
+        from slurm_elastic.policies.pollux import PolluxDPPolicy
+
+        return PolluxDPPolicy(**options)
+    if key == "tiresias":
+        from slurm_elastic.policies.tiresias import TiresiasPolicy
+
+        return TiresiasPolicy(**options)
     raise KeyError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")

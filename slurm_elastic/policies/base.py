@@ -24,8 +24,18 @@ class JobRequest:
     running_batch: int | None = None
     restart_s: float = 45.0  # estimated checkpoint + requeue + restart time of a rescale
     wait_s: float = 0.0  # how long it has been pending (for starvation control)
-    noise_scale: float | None = None  # gradient noise scale (samples) the job reported; None: unknown
-    base_batch: int | None = None  # the batch at which its statistical efficiency is 1
+    # Statistical efficiency (profiles/efficiency.py): the job's gradient noise scale in samples, as the
+    # in-job library reports it, and the reference batch it is relative to. None: not measured.
+    noise_scale: float | None = None
+    base_batch: int | None = None
+    # For JCT-aware objectives: GPU-seconds the job has received so far (attained service, as in
+    # Tiresias), and the work it has left when it reports its progress.
+    attained_gpu_s: float = 0.0
+    remaining_samples: float | None = None  # work left, in samples at base_batch (None: not reported)
+    # A running job the planner will not resize this cycle (rescale cooldown): policies keep its count.
+    frozen: bool = False
+    nodes: tuple[str, ...] = ()  # nodes it holds now (running), for placement-aware policies
+    gpus_per_node: int = 0
 
     @property
     def is_running(self) -> bool:
@@ -46,6 +56,9 @@ class AllocationProblem:
     horizon_s: float = 3600.0  # restart costs are amortised over this planning horizon
     allow_preemption: bool = False  # may a running job be stopped (shrunk to 0)?
     free_gpus_per_node: tuple[int, ...] | None = None  # optional finer capacity, when known
+    # (node name, GPUs it has for elastic jobs) per managed node: with the jobs' ``nodes``, lets a
+    # policy check that its allocation can be placed (None: a pool, no placement check).
+    node_capacity: tuple[tuple[str, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,8 @@ class Policy(abc.ABC):
     """One scheduling policy. Implementations live one per file in ``slurm_elastic/policies/``."""
 
     name: str = ""
+    rigid: bool = False  # starts only at the size it chose (the planner may not start it smaller)
+    preemptive: bool = False  # needs the planner to preempt (checkpoint, requeue, hold) running jobs
 
     @abc.abstractmethod
     def allocate(self, problem: AllocationProblem) -> Allocation:

@@ -1,6 +1,6 @@
 """``dp``: the paper's optimizer -- GPU count *and* global batch per job, exactly, every cycle.
 
-After admission (see :mod:`slurm_elastic.policies._plan`), the GPUs left over are distributed by an
+After admission (see :mod:`slurm_elastic.policies._candidates`), the GPUs left over are distributed by an
 exact multiple-choice knapsack over every admitted job's allowed GPU counts, each at its best
 batch ``b*(k)``: maximise the total weighted speedup, net of restart costs. The numba kernel is in
 :mod:`slurm_elastic.policies._mckp`; the algorithm, its complexity and its memory are described in
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 
+from slurm_elastic.policies._candidates import Candidates, build_allocation, make_candidates
 from slurm_elastic.policies._mckp import mckp
-from slurm_elastic.policies._plan import Plan, build_allocation, make_plan
+from slurm_elastic.policies._placement import solve_placeable
 from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 
 
@@ -21,29 +22,44 @@ class DPPolicy(Policy):
 
     ``admission``: ``"priority"`` (default; pending jobs get their minimum in priority order before
     optimising) or ``"joint"`` (the optimiser decides which pending jobs start). ``starvation_s``:
-    a pending job blocked this long stops later jobs from passing it. ``objective``: ``"throughput"``
-    (the paper's) or ``"goodput"`` (throughput x statistical efficiency, for profiles that have it).
+    a pending job blocked this long stops later jobs from passing it. ``objective``:
+
+    * ``"completion"`` (default): goodput tables, each choice valued by the rate at which it does the
+      job's remaining work (see :func:`~slurm_elastic.policies._candidates.choice_values`);
+    * ``"goodput"``: total weighted goodput speedup (throughput x statistical efficiency);
+    * ``"pnorm"``: Pollux's p-norm (p = -1) of goodput speedups;
+    * ``"throughput"``: the paper's total weighted speedup of samples/s (no statistical efficiency).
+
+    Goodput uses each job's reported noise scale, else its app's measured table, else a conservative
+    efficiency (``profiles.goodput.efficiency_for_request``). The default was chosen by measurement:
+    docs/EVALUATION.md.
     """
 
     name = "dp"
+    OBJECTIVES = {"completion": ("completion", True), "goodput": ("speedup", True), "pnorm": ("pnorm", True),
+                  "throughput": ("speedup", False)}
 
-    def __init__(self, admission: str = "priority", starvation_s: float = 3600.0, objective: str = "throughput"):
-        if objective not in ("throughput", "goodput"):
-            raise ValueError(f"objective must be 'throughput' or 'goodput', not {objective!r}")
+    def __init__(self, admission: str = "priority", starvation_s: float = 3600.0, objective: str = "completion",
+                 placement: bool = True):
+        if objective not in self.OBJECTIVES:
+            raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
+        self.placement = placement  # re-solve until the allocation places on the nodes (policies/_placement)
 
-    def plan(self, problem: AllocationProblem) -> Plan:
+    def candidates(self, problem: AllocationProblem) -> Candidates:
         """Admission and the knapsack's choice arrays (the benchmark solves these with every solver)."""
+        value, goodput = self.OBJECTIVES[self.objective]
         eff = None
-        if self.objective == "goodput":
+        if goodput:
             from slurm_elastic.profiles.goodput import efficiency_for_request as eff
-        return make_plan(problem, fixed_batch=False, admission=self.admission, starvation_s=self.starvation_s,
-                         efficiency=eff)
+        return make_candidates(problem, fixed_batch=False, admission=self.admission,
+                               starvation_s=self.starvation_s, efficiency=eff, objective=value)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()
-        plan = self.plan(problem)
-        _, chosen = mckp(plan.offsets, plan.weights, plan.values, plan.capacity)
+        plan = self.candidates(problem)
+        chosen = solve_placeable(plan) if self.placement else mckp(plan.offsets, plan.weights, plan.values,
+                                                                    plan.capacity)[1]
         return build_allocation(plan, chosen, self.name, time.perf_counter() - t0)

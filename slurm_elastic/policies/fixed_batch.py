@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from slurm_elastic.policies._plan import build_allocation, make_plan
+from slurm_elastic.policies._candidates import build_allocation, make_candidates
 from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 
 
@@ -29,7 +29,7 @@ class FixedBatchPolicy(Policy):
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()
-        plan = make_plan(problem, fixed_batch=True, starvation_s=self.starvation_s)
+        plan = make_candidates(problem, fixed_batch=True, starvation_s=self.starvation_s)
         off, w, v = plan.offsets, plan.weights, plan.values
         n = plan.dp_jobs.size
         at = off[:-1].copy()  # current flat choice per job: its minimum

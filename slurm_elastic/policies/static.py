@@ -19,6 +19,7 @@ from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAlloca
 
 class StaticPolicy(Policy):
     name = "static"
+    rigid = True
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()

@@ -37,6 +37,7 @@ from slurm_elastic.backends.simulated import SimJob, SimulatedSlurm
 from slurm_elastic.enact import CycleState, Enactor
 from slurm_elastic.planner import PlannerConfig
 from slurm_elastic.policies.base import Policy
+from slurm_elastic.problem import JobInfo
 from slurm_elastic.profiles import model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.sim.workloads import WorkloadJob
@@ -57,6 +58,7 @@ class SimConfig:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     ack_timeout_s: float = 600.0
     work_model: str = "samples"  # "samples" (the paper's) or "goodput" (Pollux statistical efficiency)
+    report_progress: bool = True  # jobs report the work they have left (JobRequest.remaining_samples)
 
     @property
     def rescale_cost_s(self) -> float:
@@ -100,6 +102,8 @@ class SimResult:
     wall_s: float
     stopped: str  # "done", "horizon", "stuck", "max_time"
     actions: dict[str, int] = field(default_factory=dict)
+    planned_gpu_s: float = 0.0  # GPU-seconds the policy allocated (per cycle, until the next)
+    placed_gpu_s: float = 0.0  # of those, GPU-seconds the planner could carry out (placement, cooldown)
 
 
 class Simulation:
@@ -115,20 +119,22 @@ class Simulation:
     ):
         self.workload = sorted(workload, key=lambda j: j.arrival_s)
         self.policy = policy
-        if getattr(policy, "name", "") == "static" and config.planner.start_smaller:
-            # static is gang scheduling at the requested size: it waits for its GPUs, as Slurm does.
+        if getattr(policy, "rigid", False) and config.planner.start_smaller:
+            # rigid policies (static, tiresias) gang-schedule at the requested size: they wait for their GPUs.
             config = replace(config, planner=replace(config.planner, start_smaller=False))
+        if getattr(policy, "preemptive", False) and not config.planner.allow_preemption:
+            config = replace(config, planner=replace(config.planner, allow_preemption=True))
         self.config = config
         self._model_for_job = model_for_job or (lambda w: model_for_spec(w.spec, config.gpus_per_node))
 
     @staticmethod
-    def _efficiency(model: ThroughputModel):
-        """The Pollux statistical-efficiency function for a model's app (None: efficiency 1)."""
-        from slurm_elastic.profiles.goodput import pollux_efficiency
+    def _grad_trace(model: ThroughputModel):
+        """The Pollux gradient statistics over training for a model's app (None: efficiency 1)."""
+        from slurm_elastic.profiles.goodput import pollux_grad_trace
         from slurm_elastic.profiles.measured import POLLUX_APPS
 
         app = getattr(model, "app", None)
-        return pollux_efficiency(app) if app in POLLUX_APPS else None
+        return pollux_grad_trace(app) if app in POLLUX_APPS else None
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         cfg = self.config
@@ -144,6 +150,19 @@ class Simulation:
 
         def model_for(record: JobRecord, spec: ElasticSpec) -> ThroughputModel:
             return models[record.job_id]
+
+        def job_info(record: JobRecord) -> JobInfo | None:
+            """What the simulated job reports, as the in-job library would: its noise scale (while it
+            trains), the GPU-seconds it has had and the work it has left."""
+            j = backend.jobs[record.job_id]
+            if not j.elastic:
+                return None
+            trace = j.grad_trace
+            return JobInfo(
+                noise_scale=backend.noise_scale(j), base_batch=int(trace.b0) if trace is not None else None,
+                attained_gpu_s=backend.attained_gpu_s(j),
+                remaining_samples=max(0.0, j.total_samples - backend.progress(j)) if cfg.report_progress else None,
+            )
 
         done_count = 0
 
@@ -164,6 +183,8 @@ class Simulation:
         stopped = "done"
         stop_at = min(cfg.horizon_s if cfg.horizon_s is not None else math.inf, cfg.max_time_s)
         idle_cycles = 0
+        planned_gpu_s = placed_gpu_s = 0.0
+        last_cycle = None
         while True:
             t_arr = arrivals[ai].arrival_s if ai < len(arrivals) else math.inf
             t = min(t_arr, backend.next_event_time(), next_tick)
@@ -187,7 +208,7 @@ class Simulation:
                     jid = backend.submit(
                         name=w.name, gpus_per_node=gpn, num_nodes=nodes, comment=spec.to_comment(), user=w.user,
                         total_samples=w.total_samples, model=model, checkpoint_s=ck, restart_s=rs,
-                        efficiency=self._efficiency(model) if cfg.work_model == "goodput" else None,
+                        grad_trace=self._grad_trace(model) if cfg.work_model == "goodput" else None,
                     )
                     models[jid] = model
                 else:
@@ -202,8 +223,13 @@ class Simulation:
                 res = enact.run_cycle(  # the daemon's cycle
                     backend, self.policy, enactor, state, model_for=model_for, now=backend.now,
                     planner_config=cfg.planner, default_restart_s=cfg.rescale_cost_s,
-                    horizon_s=cfg.plan_horizon_s,
+                    horizon_s=cfg.plan_horizon_s, job_info=job_info,
                 )
+                if last_cycle is not None:
+                    dt = backend.now - last_cycle[0]
+                    planned_gpu_s += last_cycle[1] * dt
+                    placed_gpu_s += last_cycle[2] * dt
+                last_cycle = (backend.now, *_planned_placed(res))
                 cycles += 1
                 solve_s += res.allocation.solve_s
                 for r in res.results:
@@ -253,4 +279,29 @@ class Simulation:
             wall_s=time.perf_counter() - wall0,
             stopped=stopped,
             actions=actions,
+            planned_gpu_s=planned_gpu_s,
+            placed_gpu_s=placed_gpu_s,
         )
+
+
+def _planned_placed(res) -> tuple[int, int]:
+    """GPUs the policy allocated this cycle, and of those the GPUs the planner could carry out (per job,
+    the smaller of the allocation and what the job holds or is given after this cycle's actions)."""
+    planned = placed = 0
+    acts = {a.job_id: a for a in res.plan.actions}
+    for v in res.snapshot.views:
+        a = res.allocation.jobs.get(v.job_id)
+        if a is None or a.gpus <= 0:
+            continue
+        act = acts.get(v.job_id)
+        if act is None:
+            got = v.gpus
+        elif act.kind in ("start", "resize"):
+            got = act.gpus
+        elif act.kind in ("preempt", "hold"):
+            got = 0
+        else:
+            got = v.gpus
+        planned += a.gpus
+        placed += min(a.gpus, got)
+    return planned, placed

@@ -11,6 +11,11 @@
 - ``rescales``: resizes carried out (requeues); ``rescales_per_job`` over elastic jobs;
   ``gpu_s_lost_to_rescales``: GPU-seconds held while checkpointing or restarting after a resize.
 - ``makespan_s``: first arrival to last completion (to the end of the run if jobs remain).
+- ``placed_over_planned``: GPU-seconds the planner carried out / GPU-seconds the policy allocated.
+- Stability: ``shrunk_soon_after_start`` counts jobs whose first size change is a shrink within
+  ``soon_s`` (default 2 scheduling intervals) of their start (an admission at a size the next cycle
+  undoes); ``reversals`` counts size changes opposite to the job's previous change (grow then shrink or
+  shrink then grow) within ``soon_s`` x 10 of it (oscillation).
 """
 
 from __future__ import annotations
@@ -18,6 +23,27 @@ from __future__ import annotations
 import numpy as np
 
 from slurm_elastic.sim.engine import SimResult
+
+
+def _stability(res: SimResult, soon_s: float) -> tuple[int, int]:
+    shrunk_soon = reversals = 0
+    for j in res.jobs:
+        sizes = [(t, k) for t, k, _ in j.sizes]
+        if len(sizes) < 2:
+            continue
+        t0, k0 = sizes[0]
+        nxt = next(((t, k) for t, k in sizes[1:] if k != k0), None)
+        if nxt is not None and nxt[1] < k0 and nxt[0] - t0 <= soon_s:
+            shrunk_soon += 1
+        last_dir, last_t, prev = 0, None, k0
+        for t, k in sizes[1:]:
+            if k == prev:
+                continue
+            d = 1 if k > prev else -1
+            if last_dir and d != last_dir and t - last_t <= 10 * soon_s:
+                reversals += 1
+            last_dir, last_t, prev = d, t, k
+    return shrunk_soon, reversals
 
 
 def summarize(res: SimResult) -> dict:
@@ -32,6 +58,7 @@ def summarize(res: SimResult) -> dict:
     total_gpus = res.config.total_gpus
     elastic = [j for j in jobs if j.elastic]
     rescales = sum(j.rescales for j in jobs)
+    shrunk_soon, reversals = _stability(res, 2 * res.config.interval_s)
     return {
         "policy": res.policy,
         "jobs_total": n,
@@ -51,4 +78,7 @@ def summarize(res: SimResult) -> dict:
         "policy_solve_s": res.solve_s,
         "sim_wall_s": res.wall_s,
         "stopped": res.stopped,
+        "shrunk_soon_after_start": shrunk_soon,
+        "reversals": reversals,
+        "placed_over_planned": (res.placed_gpu_s / res.planned_gpu_s) if res.planned_gpu_s > 0 else 1.0,
     }

@@ -237,7 +237,7 @@ def check_feasible(problem, alloc, admitted=None):
 @given(problems())
 def test_dp_policy_equals_brute_force(problem):
     best, admitted = brute_policy(problem)
-    alloc = get_policy("dp").allocate(problem)
+    alloc = get_policy("dp", objective="throughput").allocate(problem)
     assert alloc.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
     check_feasible(problem, alloc, {problem.jobs[j].job_id for j in admitted})
     for j in admitted:  # every admitted job gets at least its minimum
@@ -248,7 +248,7 @@ def test_dp_policy_equals_brute_force(problem):
 @given(problems())
 def test_dp_joint_admission_equals_brute_force(problem):
     best, _ = brute_policy(problem, admission="joint")
-    alloc = get_policy("dp", admission="joint").allocate(problem)
+    alloc = get_policy("dp", admission="joint", objective="throughput").allocate(problem)
     assert alloc.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
     check_feasible(problem, alloc)
 
@@ -256,16 +256,16 @@ def test_dp_joint_admission_equals_brute_force(problem):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_jobs=5))
 def test_baselines_are_feasible_and_not_better_than_dp(problem):
-    dp = get_policy("dp").allocate(problem)
+    dp = get_policy("dp", objective="throughput").allocate(problem)
     for name in ("fixed-batch", "static"):
         alloc = get_policy(name).allocate(problem)
         check_feasible(problem, alloc)
         if name == "fixed-batch":
             # where admission is the same (same jobs, same minimum counts), fixed-batch's choices are a
             # subset of dp's with the same values: the exact optimum is at least as good
-            from slurm_elastic.policies._plan import make_plan
+            from slurm_elastic.policies._candidates import make_candidates
 
-            a, b = make_plan(problem), make_plan(problem, fixed_batch=True)
+            a, b = make_candidates(problem), make_candidates(problem, fixed_batch=True)
             same = a.status == b.status and all(
                 len(a.tables[j]) == 0 or len(b.tables[j]) == 0 or a.tables[j].counts[0] == b.tables[j].counts[0]
                 for j in a.dp_jobs)

@@ -183,3 +183,33 @@ def test_status_shows_the_model_provenance_and_an_old_state_db_gains_the_columns
     assert row["model"] == "fitted from 1 report" and row["noise_scale"] == 120.0 and row["restart_s"] == 18.0
     out = format_table([row], "jobid,samples_per_s,model")
     assert out.splitlines()[1].split() == ["5", "48", "fitted(1)"]
+
+
+def test_the_daemon_s_learned_noise_scale_drives_the_goodput_objective(tmp_path):
+    """Merge of h12l (noise scale learned from the job's report) with h12p (goodput from the noise
+    scale): in the daemon the reported noise scale reaches the policy's efficiency, and a driver's
+    JobInfo without a noise scale (attained service only) does not erase it."""
+    from slurm_elastic.problem import JobInfo
+    from slurm_elastic.profiles.goodput import efficiency_for_request
+
+    rec, spec = _job(SPEC, tmp_path, gpus=2)
+    reg = _registry(rec)
+    _report(tmp_path, points=[{"gpus": 2, "batch": 64, "samples_per_s": 100.0}], noise_scale=250.0, base_batch=64)
+    nodes = [NodeRecord("n1", "MIXED", (), 4, 2, 8, ("gpu",))]
+    req = build_problem([rec], nodes, model_for=reg, now=2000.0).problem.jobs[0]
+    eff, key = efficiency_for_request(req)
+    assert key[0] == "noise-scale" and key[2] == 64.0
+    assert float(eff(64)) == pytest.approx(1.0) and float(eff(512)) == pytest.approx((250 + 64) / (250 + 512), rel=0.03)
+    kept = build_problem([rec], nodes, model_for=reg, now=2000.0,
+                         job_info=lambda r: JobInfo(attained_gpu_s=50.0)).problem.jobs[0]
+    assert (kept.noise_scale, kept.base_batch, kept.attained_gpu_s) == (250.0, 64, 50.0)
+    # a driver that measures the job itself (the simulator) wins over the model's
+    over = build_problem([rec], nodes, model_for=reg, now=2000.0,
+                         job_info=lambda r: JobInfo(noise_scale=1000.0, base_batch=32)).problem.jobs[0]
+    assert (over.noise_scale, over.base_batch) == (1000.0, 32)
+    # no report at all: the conservative source, never a silent guess
+    rec2, spec2 = _job(SPEC, tmp_path / "none", gpus=2, jid=8)
+    (tmp_path / "none").mkdir()
+    req2 = build_problem([rec2], nodes, model_for=_registry(rec2), now=2000.0).problem.jobs[0]
+    assert req2.noise_scale is None and efficiency_for_request(req2)[1][0] == "conservative"
+

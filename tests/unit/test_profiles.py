@@ -172,6 +172,6 @@ def test_goodput_objective_picks_a_smaller_batch():
 
     spec = ElasticSpec(1, 4, 128, 4096, 1024, min_local_batch=32, profile="cifar10")
     prob = AllocationProblem(4, 4, (JobRequest(0, spec, load_profile("cifar10")),))
-    thr = get_policy("dp").allocate(prob).jobs[0]
+    thr = get_policy("dp", objective="throughput").allocate(prob).jobs[0]
     good = get_policy("dp", objective="goodput").allocate(prob).jobs[0]
     assert good.batch < thr.batch and good.samples_per_s <= thr.samples_per_s

@@ -173,10 +173,22 @@ def test_goodput_work_model_slows_progress_by_the_efficiency():
     """With an efficiency of 0.5 at the job's batch, 100,000 samples of work on 4 GPUs (400/s) take
     500 s instead of 250 s."""
 
+    class Half:
+        b0 = 1
+
+        def efficiency(self, batch, samples):
+            return 0.5
+
+        def noise_scale(self, batch, samples):
+            return None
+
+        def next_change(self, samples):
+            return float("inf")
+
     class HalfEfficient(Simulation):
         @staticmethod
-        def _efficiency(model):
-            return lambda batch: [0.5 for _ in batch]
+        def _grad_trace(model):
+            return Half()
 
     jobs = [toy_job("A", 0.0, 100_000)]
     cfg = SimConfig(nodes=1, gpus_per_node=4, planner=PlannerConfig(cooldown_s=0.0))

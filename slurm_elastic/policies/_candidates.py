@@ -40,8 +40,10 @@ _ZERO_F = np.zeros(1, np.float64)
 
 
 @dataclass
-class Plan:
-    """Everything a policy decided before optimising, and the choice arrays it optimises over."""
+class Candidates:
+    """Admission (what a policy decided before optimising) and the choice arrays it optimises over.
+
+    Not to be confused with :class:`slurm_elastic.planner.Plan` (the Slurm actions of a cycle)."""
 
     problem: AllocationProblem
     tables: list[JobTable]  # the tables the policy chooses from (flexible or fixed batch)
@@ -73,26 +75,45 @@ def _tables(problem, fixed_batch: bool, effs):
     return flex, (chosen if fixed_batch else flex)
 
 
-def make_plan(
+def make_candidates(
     problem: AllocationProblem,
     *,
     fixed_batch: bool = False,
     admission: str = "priority",
     starvation_s: float = 3600.0,
     efficiency=None,
-) -> Plan:
+    objective: str = "speedup",
+    p: float = -1.0,
+    fair_ref: bool = False,
+) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
-    per-job statistical-efficiency function (goodput objective), or None for throughput."""
+    per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
+    choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
+    (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum."""
     if admission not in ("priority", "joint"):
         raise ValueError(f"admission must be 'priority' or 'joint', not {admission!r}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, not {objective!r}")
     jobs = problem.jobs
     n = len(jobs)
     _none = (None, None)
     effs = [efficiency(r) for r in jobs] if efficiency is not None else [_none] * n
     flex, tabs = _tables(problem, fixed_batch, effs)
     refs = np.array([float(f.value[0]) if len(f) else 0.0 for f in flex])
+    if fair_ref and n:
+        share = problem.total_gpus / n
+        for j, f in enumerate(flex):
+            if len(f):
+                i = max(0, int(np.searchsorted(f.counts, share, side="right")) - 1)
+                refs[j] = float(f.value[i])
     mins = [int(t.counts[0]) if len(t) and refs[j] > 0 else 0 for j, t in enumerate(tabs)]  # 0 = cannot run
     running = [r.running_gpus for r in jobs]
+    # A frozen running job (in its rescale cooldown) can only keep its count: its minimum is that count.
+    frozen = [bool(r.frozen and r.running_gpus > 0 and mins[j] and tabs[j].index(r.running_gpus) >= 0)
+              for j, r in enumerate(jobs)]
+    for j in range(n):
+        if frozen[j]:
+            mins[j] = running[j]
     status = [NOT_ADMITTED] * n
     reasons: dict[int, str] = {}
     free = int(problem.total_gpus)
@@ -150,14 +171,18 @@ def make_plan(
     base = []
     for j in dp_list:
         t = tabs[j]
+        mat = t.mat
+        if frozen[j]:
+            i = t.index(running[j])
+            mat = mat[:, i:i + 1]
         if status[j] == OPTIONAL:
             pieces.append(_ZERO7)
-            lens.append(len(t) + 1)
+            lens.append(mat.shape[1] + 1)
             base.append(0)
         else:
-            lens.append(len(t))
+            lens.append(mat.shape[1])
             base.append(mins[j])
-        pieces.append(t.mat)
+        pieces.append(mat)
     cols = np.concatenate(pieces, axis=1) if pieces else np.zeros((7, 0))
     lens_a = np.array(lens, dtype=np.int64)
     offsets = np.zeros(dp_jobs.size + 1, np.int64)
@@ -165,22 +190,27 @@ def make_plan(
     counts = cols[0].astype(np.int64)
     wt = np.array([jobs[j].weight for j in dp_list], dtype=np.float64)
     run_a = np.array([running[j] for j in dp_list], dtype=np.int64)
-    factor = np.array([1.0 - restart_fraction(jobs[j], problem) if running[j] > 0 else 1.0 for j in dp_list])
+    ns = problem.node_size
+    cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
+    remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
+    factor = np.array([1.0 - _restart_share(jobs[j], problem, cur_rate.get(j)) if running[j] > 0 else 1.0
+                       for j in dp_list])
     r_rep = np.repeat(run_a, lens_a)
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
-    values = np.repeat(wt, lens_a) * (cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)) * pen
+    speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
+    scale = np.repeat(_scale(objective, wt, remaining, problem.horizon_s), lens_a)
+    values = choice_values(objective, speedup * pen, scale, counts > 0, p)
     weights = np.where(counts > 0, counts - np.repeat(np.array(base, dtype=np.int64), lens_a), 0)
     keep = np.zeros(values.size, dtype=bool)
     current: dict[int, float | None] = {}
-    ns = problem.node_size
     for p, j in enumerate(dp_list):
         if running[j] <= 0:
             continue
         req = jobs[j]
         cur = current_samples_per_s(req, ns)
         current[j] = cur
-        ti = tabs[j].index(req.running_gpus)
+        ti = 0 if frozen[j] else tabs[j].index(req.running_gpus)
         if ti < 0:
             continue
         flat = int(offsets[p]) + ti + (1 if status[j] == OPTIONAL else 0)
@@ -190,21 +220,79 @@ def make_plan(
         values[flat] *= factor[p]  # re-batching on the same count is a restart too
         if cur is None or req.spec.split_batch(req.running_gpus, req.running_batch) is None:
             continue  # cannot keep what it runs now (out of range): any start is a restart
-        cur_v = cur
-        eff = effs[j][0]
-        if eff is not None:
-            cur_v = cur * float(eff(np.array([req.running_batch], dtype=np.float64))[0])
-        keep_value = req.weight * cur_v / refs[j]
+        keep_value = float(choice_values(objective, np.array([(cur_rate.get(j) or cur) / refs[j]]),
+                                         np.array([scale[flat]]), np.array([True]), p)[0])
         if keep_value >= values[flat]:
             values[flat] = keep_value
             keep[flat] = True
     for j in range(n):
         if running[j] > 0 and j not in current:
             current[j] = current_samples_per_s(jobs[j], ns)
-    return Plan(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep, current)
+    return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
+                      current)
 
 
-def build_allocation(plan: Plan, chosen_flat: np.ndarray, policy: str, solve_s: float) -> Allocation:
+OBJECTIVES = ("speedup", "pnorm", "completion")
+
+
+def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray, horizon_s: float) -> np.ndarray:
+    """Per-job factor of the value: the weight, and for ``completion`` horizon / remaining time."""
+    if objective == "completion":
+        return wt * (max(horizon_s, 1.0) / np.maximum(remaining_s, 1.0))
+    return wt
+
+
+def choice_values(objective: str, speedup: np.ndarray, scale: np.ndarray, runs: np.ndarray, p: float) -> np.ndarray:
+    """The knapsack value of each choice (a sum of per-job terms, so the DP is exact for all three).
+
+    * ``speedup``: ``weight x speedup`` (the paper's total weighted speedup; with goodput tables,
+      total weighted goodput speedup);
+    * ``pnorm``: ``weight x (1 - speedup^p)``, p < 0 (Pollux's fairness: maximising the power mean of
+      speedups with p < 0 is minimising the sum of ``speedup^p``); 0 GPUs is worth ``-inf``-like 0 - 1e6;
+    * ``completion``: ``weight x speedup x horizon / remaining_s`` -- the rate at which the job's
+      remaining work is done (heSRPT-like: a GPU goes where it finishes the most of what is left, so
+      short jobs finish first while every admitted job keeps its minimum: no starvation).
+    ``speedup`` is already net of the restart penalty.
+    """
+    s = np.maximum(speedup, 0.0)
+    if objective == "pnorm":
+        with np.errstate(divide="ignore"):
+            v = scale * (1.0 - np.where(s > 0, s, 1e-6) ** p)
+        return np.where(runs, v, -1e6 * scale)
+    return scale * s
+
+
+def _current_value(req, node_size: int, eff) -> float | None:
+    """What a running job's current (GPUs, batch) is worth in the table's unit (goodput or samples/s)."""
+    cur = current_samples_per_s(req, node_size)
+    if cur is None or eff is None or req.running_batch is None:
+        return cur
+    return cur * float(eff(np.array([req.running_batch], dtype=np.float64))[0])
+
+
+def _remaining_s(req, ref_value: float, horizon_s: float) -> float:
+    """Remaining time of a job at its reference count: its reported remaining work / reference rate;
+    unknown work: as long as it has already run at its minimum (least attained service, as Tiresias),
+    at least one horizon."""
+    if req.remaining_samples is not None and ref_value > 0:
+        return max(1.0, float(req.remaining_samples) / ref_value)
+    kmin = max(1, req.spec.min_gpus)
+    return max(horizon_s, req.attained_gpu_s / kmin)
+
+
+def _restart_share(req, problem, cur_value: float | None) -> float:
+    """Share of what is left of the planning horizon a rescale costs: restart_s / min(horizon, time the
+    job still needs at its current size), clipped to [0, 1]: a job about to finish is not resized."""
+    r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
+    h = problem.horizon_s
+    if req.remaining_samples is not None and cur_value:
+        h = min(h, float(req.remaining_samples) / cur_value)
+    if h <= 0:
+        return 1.0
+    return min(1.0, max(0.0, float(r) / h))
+
+
+def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, solve_s: float) -> Allocation:
     """Turn one chosen flat choice per optimised job into the per-job answer, with reasons."""
     problem = plan.problem
     jobs = problem.jobs
@@ -256,7 +344,7 @@ def build_allocation(plan: Plan, chosen_flat: np.ndarray, policy: str, solve_s: 
     return Allocation(out, objective, solve_s, policy)
 
 
-def _better_elsewhere(plan: Plan, p: int, c: int, spare: int) -> bool:
+def _better_elsewhere(plan: Candidates, p: int, c: int, spare: int) -> bool:
     """Would a reachable other count of this kept job be better but for the restart cost?"""
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
     req = plan.problem.jobs[int(plan.dp_jobs[p])]

@@ -1,0 +1,70 @@
+"""``tiresias``: Tiresias's discretized two-dimensional least-attained-service (2D-LAS), rigid.
+
+Gu et al., NSDI'19. Jobs are never resized: each runs at its requested GPUs and batch. Priority is
+attained service in GPU-seconds (GPUs x time run, the "2D" of 2D-LAS), discretized into queues by
+``thresholds_gpu_s`` (default one threshold at 1 GPU-hour: Tiresias's two-queue setting); within a
+queue, first come first served. Every cycle the jobs are taken in that order and each gets its
+requested size while it fits (a job that does not fit is passed, as Tiresias's placement does); a
+running job that is not reached is preempted (checkpoint, requeue, hold): this policy needs the
+planner's preemption. A job's size never changes, so there are no grow/shrink rescales, only
+preemptions. The objective reported is ``dp``'s weighted speedup at the requested size.
+"""
+
+from __future__ import annotations
+
+import time
+
+from slurm_elastic.policies._tables import allowed_counts, job_table
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy
+
+
+class TiresiasPolicy(Policy):
+    name = "tiresias"
+    rigid = True
+    preemptive = True
+
+    def __init__(self, thresholds_gpu_s: tuple[float, ...] = (3600.0,)):
+        self.thresholds = tuple(sorted(float(t) for t in thresholds_gpu_s))
+
+    def _queue(self, attained: float) -> int:
+        return sum(attained >= t for t in self.thresholds)
+
+    def allocate(self, problem: AllocationProblem) -> Allocation:
+        t0 = time.perf_counter()
+        ns, cap = problem.node_size, problem.total_gpus
+        jobs = problem.jobs
+        order = sorted(range(len(jobs)), key=lambda j: (self._queue(jobs[j].attained_gpu_s), j))
+        free = cap
+        out: dict = {}
+        objective = 0.0
+        for j in order:
+            req = jobs[j]
+            spec = req.spec
+            if req.is_running:
+                k, b = req.running_gpus, req.running_batch or spec.requested_batch
+            else:
+                k, b = spec.requested_gpus, spec.requested_batch
+            if req.frozen and req.is_running:  # the planner will not touch it this cycle
+                free -= k
+            split = spec.split_batch(k, b)
+            if split is None or k not in allowed_counts(spec, ns, cap, req.model):
+                out[req.job_id] = JobAllocation(req.job_id, 0, reason=f"pending: the request ({k} GPUs, batch {b}) "
+                                                                      "cannot run here")
+                continue
+            if not (req.frozen and req.is_running):
+                if k > free:
+                    verb = "preempted" if req.is_running else "pending"
+                    out[req.job_id] = JobAllocation(req.job_id, 0, reason=f"{verb}: queue "
+                                                    f"{self._queue(req.attained_gpu_s)}, {free} GPUs left")
+                    continue
+                free -= k
+            nodes = spec.placement(k, ns)[0]
+            local, accum = split
+            sps = float(req.model.samples_per_s(k, nodes, local, accum))
+            ref_t = job_table(req.model, spec, ns, cap)
+            if len(ref_t) and ref_t.value[0] > 0:
+                objective += req.weight * sps / float(ref_t.value[0])
+            why = "kept (rigid)" if req.is_running else f"started: {k} GPUs as requested"
+            out[req.job_id] = JobAllocation(req.job_id, k, nodes, b, local, accum, sps, why)
+        ordered = {r.job_id: out[r.job_id] for r in jobs}
+        return Allocation(ordered, objective, time.perf_counter() - t0, self.name)

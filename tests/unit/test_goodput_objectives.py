@@ -1,0 +1,104 @@
+"""Issue 12, policy side: statistical efficiency, the goodput/completion objectives, placement, peers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slurm_elastic.policies import AllocationProblem, get_policy
+from slurm_elastic.policies._candidates import make_candidates
+from slurm_elastic.policies._placement import place_check
+from slurm_elastic.profiles.efficiency import efficiency, noise_scale_from_stats
+from slurm_elastic.profiles.goodput import efficiency_for_request, pollux_grad_trace
+from tests.unit.test_policies import job, spec
+
+
+def test_efficiency_closed_form():
+    # (ns + b0) / (ns + b): 1 at the reference batch, 1/2 at b = 2*b0 + ns, -> b0/b with no noise
+    assert efficiency(128, 500.0, 128)[()] == pytest.approx(1.0)
+    assert efficiency(2 * 128 + 500, 500.0, 128)[()] == pytest.approx(0.5)
+    assert efficiency([256, 1024], 0.0, 128) == pytest.approx([0.5, 0.125])
+    e = efficiency(np.array([128, 256, 512, 4096]), 1000.0, 128)
+    assert np.all(np.diff(e) < 0)
+    # Pollux's gain form with var at b0 and sqr: gain/scale == (ns + b0) / (ns + b), ns = b0 * var / sqr
+    sqr, var, b0, b = 2.0, 3.0, 128.0, 1024.0
+    scale = b / b0
+    gain = (var + sqr) / (var / scale + sqr)
+    ns = noise_scale_from_stats(sqr, var, b0)
+    assert ns == pytest.approx(192.0)
+    assert gain / scale == pytest.approx(efficiency(b, ns, b0)[()])
+    assert noise_scale_from_stats(0.0, 1.0, 128) is None
+
+
+def test_trace_efficiency_rises_with_progress_and_matches_reported_noise_scale():
+    tr = pollux_grad_trace("cifar10")
+    total = tr.bounds[-1]
+    early, late = tr.efficiency(1024, 0.0), tr.efficiency(1024, 0.9 * total)
+    assert early < 0.5 < late <= 1.0
+    x = 0.5 * total
+    ns = tr.noise_scale(1024, x)
+    assert tr.efficiency(1024, x) == pytest.approx(efficiency(1024, ns, tr.b0)[()])
+    assert tr.next_change(x) > x
+
+
+def test_efficiency_source_order():
+    r = job(0, spec(batch=64))
+    fn, key = efficiency_for_request(r)  # no noise scale, no app: conservative above the requested batch
+    assert key[0] == "conservative" and fn(np.array([64.0, 128.0])) == pytest.approx([1.0, 0.5])
+    r2 = job(0, spec(batch=64), noise_scale=1000.0, base_batch=32)
+    fn, key = efficiency_for_request(r2)
+    assert key[0] == "noise-scale" and fn(np.array([32.0]))[0] == pytest.approx(1.0, rel=0.03)
+
+
+def test_goodput_default_does_not_inflate_batch_without_evidence():
+    s = spec(max_gpus=1, min_batch=32, max_batch=1024, max_local=256, max_accum=4, batch=64)
+    a = get_policy("dp").allocate(AllocationProblem(1, 4, (job(0, s),)))
+    t = get_policy("dp", objective="throughput").allocate(AllocationProblem(1, 4, (job(0, s),)))
+    assert a.jobs[0].batch == 64 < t.jobs[0].batch
+
+
+def test_completion_objective_favours_the_job_with_less_left():
+    s = spec(batch=1024)
+    jobs = (job(0, s, remaining_samples=1e7), job(1, s, remaining_samples=1e4))
+    a = get_policy("dp").allocate(AllocationProblem(10, 4, jobs))
+    assert a.jobs[1].gpus > a.jobs[0].gpus >= 1  # the long job keeps its minimum: not starved
+
+
+def test_frozen_job_keeps_its_count():
+    jobs = (job(0, running=2, batch=256, frozen=True), job(1))
+    a = get_policy("dp").allocate(AllocationProblem(8, 4, jobs))
+    assert a.jobs[0].gpus == 2
+
+
+def test_allocation_places_on_fragmented_nodes():
+    # 2 nodes x 4 GPUs; a 1-GPU job on each node: 6 GPUs free in the pool but no whole node, so a
+    # pending job that may take 1-8 GPUs must not be given 8 or 4 (needs whole nodes / one node's 4).
+    nodes = (("n1", 4), ("n2", 4))
+    s_small = spec(min_gpus=1, max_gpus=1)
+    jobs = (job(0, s_small, running=1, batch=32, nodes=("n1",), gpus_per_node=1, frozen=True),
+            job(1, s_small, running=1, batch=32, nodes=("n2",), gpus_per_node=1, frozen=True),
+            job(2, spec(min_gpus=1, max_gpus=8)))
+    problem = AllocationProblem(8, 4, jobs, node_capacity=nodes)
+    a = get_policy("dp").allocate(problem)
+    assert 1 <= a.jobs[2].gpus <= 3
+    no_place = get_policy("dp", placement=False).allocate(problem)
+    assert no_place.jobs[2].gpus > 3  # the pool alone would plan an unplaceable count
+    cand = make_candidates(problem)
+    chosen = np.array([cand.offsets[p] for p in range(cand.dp_jobs.size)])
+    assert place_check(cand, chosen) == {}
+
+
+def test_pollux_dp_spreads_more_evenly_than_sum_of_speedups():
+    jobs = tuple(job(i) for i in range(3))
+    p = get_policy("pollux-dp").allocate(AllocationProblem(12, 4, jobs))
+    ks = sorted(a.gpus for a in p.jobs.values())
+    assert sum(ks) <= 12 and ks[0] >= 1 and ks[-1] - ks[0] <= 2
+
+
+def test_tiresias_least_attained_first_and_rigid():
+    s = spec(gpus=4, batch=256)
+    jobs = (job(0, s, running=4, batch=256, attained_gpu_s=20000.0), job(1, s, attained_gpu_s=0.0))
+    a = get_policy("tiresias").allocate(AllocationProblem(4, 4, jobs))
+    assert a.jobs[1].gpus == 4 and a.jobs[0].gpus == 0 and a.jobs[0].reason.startswith("preempted")
+    b = get_policy("tiresias").allocate(AllocationProblem(8, 4, jobs))
+    assert b.jobs[0].gpus == 4 and b.jobs[1].gpus == 4 and b.jobs[0].batch == 256
