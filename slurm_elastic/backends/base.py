@@ -8,6 +8,7 @@ simulator's in-memory cluster, and later pyslurm.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -167,6 +168,27 @@ class SlurmBackend(abc.ABC):
     def version(self) -> str:
         """The Slurm release this backend talks to, e.g. '22.05.8'."""
         return "unknown"
+
+    def wait_requeued(self, job_id: int, timeout: float = 120.0, poll: float = 0.2) -> JobRecord:
+        """Wait until a requeued job has finished completing and is pending again.
+
+        Slurm finishes a requeue asynchronously (after the epilog) and only then sets the job's begin
+        time to now + cred_expire; an update made before that is overwritten, so callers must wait.
+        The same for every backend that lists jobs (CLI, pyslurm), hence here.
+        """
+        deadline = time.monotonic() + timeout
+        job = None
+        while time.monotonic() < deadline:
+            job = self.get_job(job_id)
+            if job is None:
+                raise SlurmError(f"job {job_id} left the queue while being requeued")
+            if job.is_requeued_settled:
+                # Slurm revokes the job's credentials at the requeue, for that whole second: a start
+                # in the same second fails ("Job credential revoked"). Return past the next second.
+                time.sleep(1.05 - time.time() % 1.0)
+                return job
+            time.sleep(poll)
+        raise SlurmTimeout(f"job {job_id} was still {job.state if job else '?'} {timeout:.0f} s after requeuehold")
 
     def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
         """Submit a held, never-running placeholder job carrying ``admin_comment`` (the daemon's lease,

@@ -166,26 +166,6 @@ class CliBackend(SlurmBackend):
         # scontrol requeuehold also takes a finished batch job (until MinJobAge drops its record).
         self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
 
-    def wait_requeued(self, job_id: int, timeout: float = 120.0, poll: float = 0.2) -> JobRecord:
-        """Wait until a requeued job has finished completing and is pending again.
-
-        Slurm finishes a requeue asynchronously (after the epilog) and only then sets the job's begin
-        time to now + cred_expire; an update made before that is overwritten, so callers must wait.
-        """
-        deadline = time.monotonic() + timeout
-        job = None
-        while time.monotonic() < deadline:
-            job = self.get_job(job_id)
-            if job is None:
-                raise SlurmError(f"job {job_id} left the queue while being requeued")
-            if job.is_requeued_settled:
-                # Slurm revokes the job's credentials at the requeue, for that whole second: a start
-                # in the same second fails ("Job credential revoked"). Return past the next second.
-                time.sleep(1.05 - time.time() % 1.0)
-                return job
-            time.sleep(poll)
-        raise SlurmTimeout(f"job {job_id} was still {job.state if job else '?'} {timeout:.0f} s after requeuehold")
-
     def gres_request(self, gpus_per_node: int) -> str:
         """The TresPerNode value in this Slurm's spelling: gres:gpu:K (22.05) or gres/gpu:K (23.11+)."""
         sep = "/" if self.version_tuple() >= (23, 11, 0) else ":"

@@ -279,25 +279,6 @@ class PyslurmBackend(SlurmBackend):
         self._rpc(f"requeuehold job {job_id}", lambda: self.pyslurm.Job(job_id).requeue(hold=True), retry=False)
         self.wait_requeued(job_id)
 
-    def wait_requeued(self, job_id: int, timeout: float = 120.0, poll: float = 0.2) -> JobRecord:
-        """Wait until a requeued job has finished completing and is pending again.
-
-        The same wait as :meth:`CliBackend.wait_requeued`, for the same reason: Slurm finishes a
-        requeue asynchronously and then resets the begin time, overwriting an earlier update; and it
-        revokes the job's credentials for the second of the requeue.
-        """
-        deadline = time.monotonic() + timeout
-        job = None
-        while time.monotonic() < deadline:
-            job = self.get_job(job_id)
-            if job is None:
-                raise SlurmError(f"job {job_id} left the queue while being requeued")
-            if job.is_requeued_settled:
-                time.sleep(1.05 - time.time() % 1.0)
-                return job
-            time.sleep(poll)
-        raise SlurmTimeout(f"job {job_id} was still {job.state if job else '?'} {timeout:.0f} s after requeuehold")
-
     def update_job(
         self,
         job_id: int,
