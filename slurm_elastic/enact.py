@@ -147,7 +147,16 @@ class Enactor:
                                                             "not signalled, left at its size"))
                         continue
                     self._step(a, "signal")
-                    self.backend.signal(a.job_id, self.signal_name)
+                    try:
+                        self.backend.signal(a.job_id, self.signal_name)
+                    except SlurmError:
+                        # Seen live (pyslurm, "Job/step already completing or completed"): the job ended
+                        # between the cycle's read and the signal. Nothing to resize: not an error.
+                        now_job = self.backend.get_job(a.job_id)
+                        if now_job is None or not now_job.is_running or now_job.is_completing:
+                            out.append(self._result(a, "skipped", "the job ended before the resize signal"))
+                            continue
+                        raise
                     self.in_flight[a.job_id] = _InFlight(a, self.clock())
                     out.append(self._result(a, "begun", f"sent {self.signal_name}, waiting for checkpoint"))
             except SlurmError as e:

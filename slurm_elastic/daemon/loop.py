@@ -421,6 +421,7 @@ class Daemon:
                                config.partitions[0] if config.partitions else None)
         self.refused_by: str | None = None  # why this daemon does not act (another daemon's lease)
         self._notes: dict[int, str] = {}  # job -> last logged oversight note
+        self._crash_requeued: set[int] = set()  # jobs the crash policy requeued (held) this cycle
         self._left: dict[int, str] = {}  # job -> why it was left alone last cycle
 
     # ----- lifecycle ---------------------------------------------------------------------------
@@ -577,6 +578,7 @@ class Daemon:
             records, finished = self._read_jobs()
         except SlurmError as e:
             return self._skip_cycle(e)
+        self._crash_requeued = set()
         if not self.dry_run and self.db is not None and finished is not None:
             self._crash_policy(finished)
         self.records = {j.job_id: j for j in records}
@@ -639,7 +641,9 @@ class Daemon:
         self._notes = dict(r.notes)
         if self.dry_run:
             return r.left_alone
-        for jid in r.forget:
+        # A job the crash policy requeued this cycle was FAILED in this cycle's read (so not among the
+        # active records): its fresh hold mark is the daemon's own and must survive until the next read.
+        for jid in r.forget - self._crash_requeued:
             self.db.unmark_held(jid)
         for jid, why in r.release.items():
             try:
@@ -671,7 +675,9 @@ class Daemon:
         from the cycle's own read (no second squeue: with slurmctld down that doubled every skipped cycle)."""
         from slurm_elastic.daemon.crash import apply_crash_policy
 
+        before = set(self.db.held_marks())
         apply_crash_policy(finished, self.backend, self.db, event, self.cycle_no)
+        self._crash_requeued = set(self.db.held_marks()) - before
 
     def _skip_cycle(self, e: SlurmError) -> None:
         """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""

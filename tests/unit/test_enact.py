@@ -154,3 +154,27 @@ def test_a_cycle_with_no_node_reporting_gpus_is_skipped_not_planned_on_an_empty_
     with pytest.raises(SlurmError, match="no node reports GPUs"):
         run_cycle(be, DPPolicy(), Enactor(be), CycleState(), model_for=lambda j, s: None, now=0.0)
     assert be.calls == []  # nothing enacted
+
+
+def test_a_job_that_ends_between_the_read_and_the_signal_is_skipped_not_an_error():
+    """Seen live with pyslurm: 'Job/step already completing or completed' for a job that just finished."""
+    from slurm_elastic.backends.base import JobRecord
+
+    class Ended(Recorder):
+        def __init__(self, state):
+            super().__init__()
+            self.state = state
+            self.fail = {"signal": SlurmError("signal job 7 failed", stderr="Job/step already completing or completed")}
+
+        def get_job(self, job_id, include_finished=False):
+            return JobRecord(job_id=7, name="a", user="u", partition="p", state=self.state, gpus_total=4,
+                             nodes=("n1",) if self.state == "RUNNING" else ())
+
+    b = Ended("COMPLETED")
+    e = Enactor(b, clock=lambda: 0.0)
+    res = e.apply([pl.Resize(7, 4, 8, 2, 4, D)])
+    assert [(r.status, r.message) for r in res] == [("skipped", "the job ended before the resize signal")]
+    assert not e.in_flight
+    b = Ended("RUNNING")  # still running: the failed signal is a real error
+    res = Enactor(b, clock=lambda: 0.0).apply([pl.Resize(7, 4, 8, 2, 4, D)])
+    assert [r.status for r in res] == ["error"]
