@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -131,3 +132,27 @@ def scancel(cluster, ids) -> None:
 def jobs_by_id(cluster, ids, include_finished=True) -> dict:
     want = {int(i) for i in ids}
     return {j.job_id: j for j in cluster.backend.list_jobs(include_finished=include_finished) if j.job_id in want}
+
+
+@contextlib.contextmanager
+def unix_users(names):
+    """Unprivileged test users (useradd --system), created if missing and removed afterwards (only those
+    created here). userdel is retried for a while: the users' cancelled jobs may still be ending."""
+    import pwd
+
+    created = []
+    for u in names:
+        try:
+            pwd.getpwnam(u)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u],
+                           check=True, capture_output=True, timeout=30)
+            created.append(u)
+    try:
+        yield {u: pwd.getpwnam(u) for u in names}
+    finally:
+        for u in created:
+            for _ in range(30):
+                if subprocess.run(["userdel", u], capture_output=True, timeout=30, check=False).returncode in (0, 6):
+                    break
+                time.sleep(1)

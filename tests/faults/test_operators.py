@@ -7,13 +7,12 @@ second daemon and an unknown partition also as ``slurm-elastic daemon`` processe
 
 from __future__ import annotations
 
-import pwd
 import subprocess
 import sys
 import time
 
 import pytest
-from faultlib import jobs_by_id, scancel, wait_for, write_config
+from faultlib import jobs_by_id, scancel, unix_users, wait_for, write_config
 
 from slurm_elastic.daemon.config import ConfigError, config_from_dict
 from slurm_elastic.daemon.loop import Daemon
@@ -25,22 +24,8 @@ SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=32,max_batch=1024,max_local_batc
 
 @pytest.fixture(scope="module")
 def users():
-    created = []
-    for u in USERS:
-        try:
-            pwd.getpwnam(u)
-        except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u],
-                           check=True, capture_output=True, timeout=30)
-            created.append(u)
-    try:
+    with unix_users(USERS):
         yield USERS
-    finally:
-        for u in created:
-            for _ in range(30):
-                if subprocess.run(["userdel", u], capture_output=True, timeout=30, check=False).returncode in (0, 6):
-                    break
-                time.sleep(1)
 
 
 def run_as(c, user, *argv):

@@ -10,12 +10,10 @@ daemon's state; every attempt must be refused and change nothing.
 from __future__ import annotations
 
 import os
-import pwd
 import subprocess
-import time
 
 import pytest
-from faultlib import jobs_by_id, scancel, wait_for
+from faultlib import jobs_by_id, scancel, unix_users, wait_for
 
 from slurm_elastic.daemon.config import config_from_dict
 from slurm_elastic.daemon.loop import Daemon
@@ -29,22 +27,8 @@ FORGED = "AdminComment=elastic-decision:gpus=8,nodes=2,batch=512,local_batch=64,
 
 @pytest.fixture(scope="module")
 def users():
-    created = []
-    for u in USERS:
-        try:
-            pwd.getpwnam(u)
-        except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u],
-                           check=True, capture_output=True, timeout=30)
-            created.append(u)
-    try:
+    with unix_users(USERS):
         yield USERS
-    finally:
-        for u in created:  # the users' cancelled jobs may still be ending: retry for a while
-            for _ in range(30):
-                if subprocess.run(["userdel", u], capture_output=True, timeout=30, check=False).returncode in (0, 6):
-                    break
-                time.sleep(1)
 
 
 def run_as(cluster, user, *argv):

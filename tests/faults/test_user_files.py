@@ -15,7 +15,6 @@ import io
 import json
 import logging
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultlib import jobs_by_id, scancel, wait_for
+from faultlib import jobs_by_id, scancel, unix_users, wait_for
 
 from slurm_elastic.cluster import ClusterError
 from slurm_elastic.daemon.config import config_from_dict
@@ -40,22 +39,8 @@ REPORT_CASES = {"nan": "NaN", "inf": "Infinity", "negative": "-5.0"}
 
 @pytest.fixture(scope="module")
 def users():
-    created = []
-    for u in USERS:
-        try:
-            pwd.getpwnam(u)
-        except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u],
-                           check=True, capture_output=True, timeout=30)
-            created.append(u)
-    try:
-        yield {u: pwd.getpwnam(u) for u in USERS}
-    finally:
-        for u in created:
-            for _ in range(30):
-                if subprocess.run(["userdel", u], capture_output=True, timeout=30, check=False).returncode in (0, 6):
-                    break
-                time.sleep(1)
+    with unix_users(USERS) as found:
+        yield found
 
 
 def rss_kib() -> dict[str, int]:
