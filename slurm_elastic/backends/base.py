@@ -71,6 +71,17 @@ class JobRecord:
     start_time: int | None = None
     user_id: int | None = None
     work_dir: str = ""  # the job's working directory (where its batch script starts)
+    # Where the job may run (issue 13; filled by the backends from Slurm's own fields):
+    gpu_type: str = ""  # requested gres type (``--gres=gpu:a100:N`` -> "a100"); "" = any type
+    constraint: str = ""  # ``--constraint`` as Slurm shows it; "" = none
+    exclusive: bool = False  # ``--exclusive``: whole nodes only
+    time_limit_s: int | None = None  # ``--time`` in seconds; None = unlimited / partition default
+    reservation: str = ""  # ``--reservation``; "" = none
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The partitions the job may run in (Slurm keeps ``-p a,b`` as one comma list)."""
+        return tuple(p for p in self.partition.split(",") if p)
 
     @property
     def is_pending(self) -> bool:
@@ -106,6 +117,9 @@ class NodeRecord:
     gpus_used: int = 0
     cpus_total: int = 0
     partitions: tuple[str, ...] = ()
+    gpu_type: str = ""  # the type of its GPUs from the node's gres (``gpu:a100:4`` -> "a100"); "" = untyped
+    features: tuple[str, ...] = ()  # active features (what ``--constraint`` matches)
+    reservations: tuple[str, ...] = ()  # active reservations covering the node (jobs without one may not use it)
 
     @property
     def usable(self) -> bool:
@@ -154,8 +168,11 @@ class SlurmBackend(abc.ABC):
         num_tasks: int | None = None,
         start_now: bool = False,
         admin_comment: str | None = None,
+        partition: str | None = None,
+        gpu_type: str | None = None,
     ) -> None:
-        """Change a pending job: GPUs per node, exact node count, task count, begin time now, admin comment."""
+        """Change a pending job: GPUs per node, exact node count, task count, begin time now, admin comment;
+        ``partition``/``gpu_type`` pin it to the pool the allocator chose (issue 13; None: unchanged)."""
 
     @abc.abstractmethod
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:

@@ -36,6 +36,10 @@ class JobRequest:
     frozen: bool = False
     nodes: tuple[str, ...] = ()  # nodes it holds now (running), for placement-aware policies
     gpus_per_node: int = 0
+    # Pools it may run in (issue 13): names of ``AllocationProblem.pools``; () = every pool. A running
+    # job's current pool is ``pool`` ("" in a single-pool problem).
+    pools: tuple[str, ...] = ()
+    pool: str = ""
 
     @property
     def is_running(self) -> bool:
@@ -44,6 +48,22 @@ class JobRequest:
     @property
     def weight(self) -> float:
         return self.spec.weight
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A disjoint set of managed nodes that every job sees alike (issue 13): the same partitions, GPU
+    type, features and reservations. A job may use a pool when one of its partitions and its gres type
+    (or none) and constraint match. ``node_capacity``: (node, GPUs it has for elastic jobs)."""
+
+    name: str
+    gpu_type: str = ""
+    partitions: tuple[str, ...] = ()
+    node_capacity: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g for _, g in self.node_capacity)
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,9 @@ class AllocationProblem:
     # (node name, GPUs it has for elastic jobs) per managed node: with the jobs' ``nodes``, lets a
     # policy check that its allocation can be placed (None: a pool, no placement check).
     node_capacity: tuple[tuple[str, int], ...] | None = None
+    # Several pools (issue 13): () = one pool, the fields above. When given, ``total_gpus`` and
+    # ``node_capacity`` are the sums over the pools.
+    pools: tuple[Pool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,7 @@ class JobAllocation:
     accum: int = 1
     samples_per_s: float = 0.0
     reason: str = ""
+    pool: str = ""  # the pool chosen (issue 13; "" in a single-pool problem)
 
 
 @dataclass(frozen=True)
