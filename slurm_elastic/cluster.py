@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -62,12 +63,71 @@ class ClusterConfig:
     bin: str = "/usr/bin"  # where squeue, scontrol, sbatch live (inside the chroot when release is set)
     release: str | None = None  # None: the host's Slurm; a Debian codename: that release's Slurm in a chroot
     chroot_cache: str | None = None  # where chroots are built (default: slurm_elastic.chroot.cache_dir())
+    # Pools (issue 13): one partition per entry, its nodes with typed GPUs, e.g. TWO_POOLS. Empty: the
+    # classic one-partition cluster of ``nodes`` x ``gpus_per_node`` untyped GPUs.
+    pools: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.pools:
+            self.pools = [check_pool(p) for p in self.pools]
+            self.nodes = sum(p["nodes"] for p in self.pools)
 
     def node_names(self) -> list[str]:
         return [f"node{i}" for i in range(1, self.nodes + 1)]
 
+    def layout(self) -> list[tuple[str, str, str, int]]:
+        """(node name, partition, GPU type, GPUs) of every node; type "" for the classic cluster."""
+        if not self.pools:
+            return [(n, self.partition, "", self.gpus_per_node) for n in self.node_names()]
+        out, names = [], iter(self.node_names())
+        for p in self.pools:
+            out += [(next(names), p["partition"], p["gpu_type"], p["gpus_per_node"]) for _ in range(p["nodes"])]
+        return out
+
     def slurmd_port(self, index: int) -> int:
         return self.ctld_port + 1 + index
+
+
+# Two partitions with two fake GPU types and two node sizes (issue 13's live scenario). ``max_time``
+# (minutes) and ``max_nodes`` become the partition's MaxTime/MaxNodes (omitted: unlimited).
+TWO_POOLS = [
+    {"partition": "a100", "gpu_type": "a100", "nodes": 2, "gpus_per_node": 4},
+    {"partition": "v100", "gpu_type": "v100", "nodes": 2, "gpus_per_node": 8, "max_time": 120, "max_nodes": 2},
+]
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
+
+
+def check_pool(pool: dict) -> dict:
+    """One pool entry checked (names Slurm accepts, positive sizes); raises ClusterError naming the field."""
+    if not isinstance(pool, dict):
+        raise ClusterError(f"a pool must be a mapping, got {pool!r}")
+    out = dict(pool)
+    for key in ("partition", "gpu_type"):
+        if not isinstance(out.get(key), str) or not _NAME_RE.match(out[key]):
+            raise ClusterError(f"pool {pool!r}: {key} must be a name of letters, digits and '_'")
+    for key, hi in (("nodes", 64), ("gpus_per_node", 16), ("max_time", 10**6), ("max_nodes", 64)):
+        v = out.get(key)
+        if v is None and key in ("max_time", "max_nodes"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise ClusterError(f"pool {pool!r}: {key} must be an integer in 1..{hi}")
+    return out
+
+
+def parse_pools(text: str) -> list[dict]:
+    """``a100:2x4,v100:2x8`` -> pools (partition = GPU type = the name; NODESxGPUS per node); ``two``: TWO_POOLS."""
+    if text.strip() == "two":
+        return [dict(p) for p in TWO_POOLS]
+    pools = []
+    for item in text.split(","):
+        m = re.match(r"^\s*([A-Za-z][A-Za-z0-9_]*):(\d+)x(\d+)\s*$", item)
+        if not m:
+            raise ClusterError(f"bad pool {item!r}: expected NAME:NODESxGPUS, e.g. a100:2x4")
+        pools.append(check_pool({"partition": m.group(1), "gpu_type": m.group(1), "nodes": int(m.group(2)),
+                                 "gpus_per_node": int(m.group(3))}))
+    if len({p["partition"] for p in pools}) != len(pools):
+        raise ClusterError(f"pools {text!r}: each partition may appear once")
+    return pools
 
 
 def _pid_alive(pid: int, program: str | None = None, root: str | None = None) -> bool:
@@ -302,25 +362,34 @@ class LocalCluster:
         if c.job_submit_lua:
             shutil.copyfile(c.job_submit_lua, d / "etc" / "job_submit.lua")
             lines.append("JobSubmitPlugins=lua")
-        for n, name in enumerate(c.node_names()):
+        layout = c.layout()
+        for n, (name, _part, gtype, gpus) in enumerate(layout):
             (d / "spool" / name).mkdir(parents=True, exist_ok=True)
+            typed = f"gpu:{gtype}:{gpus} Features={gtype}" if gtype else f"gpu:{gpus}"
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={c.slurmd_port(n)} "
-                f"CPUs={c.cpus_per_node} RealMemory={c.memory_mb} Gres=gpu:{c.gpus_per_node} State=UNKNOWN"
+                f"CPUs={c.cpus_per_node} RealMemory={c.memory_mb} Gres={typed} State=UNKNOWN"
             )
-        lines.append(f"PartitionName={c.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        if not c.pools:
+            lines.append(f"PartitionName={c.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        for k, p in enumerate(c.pools):
+            names = ",".join(name for name, part, _t, _g in layout if part == p["partition"])
+            limits = f"MaxTime={p['max_time']}" if p.get("max_time") else "MaxTime=INFINITE"
+            limits += f" MaxNodes={p['max_nodes']}" if p.get("max_nodes") else ""
+            lines.append(f"PartitionName={p['partition']} Nodes={names} Default={'YES' if k == 0 else 'NO'} "
+                         f"{limits} State=UP")
         lines.extend(c.extra_conf)
         gres = []
-        for name in c.node_names():
+        for name, _part, gtype, gpus in layout:
             devdir = d / "dev" / name
             devdir.mkdir(parents=True, exist_ok=True)
-            for g in range(c.gpus_per_node):
+            for g in range(gpus):
                 dev = devdir / f"gpu{g}"
                 if not dev.exists():
                     os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-            last = c.gpus_per_node - 1
+            last = gpus - 1
             files = f"{i(devdir)}/gpu[0-{last}]" if last > 0 else f"{i(devdir)}/gpu0"
-            gres.append(f"NodeName={name} Name=gpu File={files}")
+            gres.append(f"NodeName={name} Name=gpu{f' Type={gtype}' if gtype else ''} File={files}")
         (d / "etc" / "slurm.conf").write_text("\n".join(lines) + "\n")
         (d / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
         # 23.02+ slurmd needs a mounted cgroup fs unless the cgroup plugin is disabled.

@@ -128,6 +128,19 @@ class NodeRecord:
         return self.state not in bad and not (set(self.state_flags) & bad)
 
 
+@dataclass(frozen=True)
+class PartitionRecord:
+    """One partition's limits as Slurm enforces them (issue 13): a plan past them would never start."""
+
+    name: str
+    nodes: tuple[str, ...] = ()
+    max_nodes: int | None = None  # MaxNodes per job; None = unlimited
+    max_time_s: int | None = None  # MaxTime; None = unlimited
+    default_time_s: int | None = None  # DefaultTime (a job without --time gets it); None = MaxTime applies
+    state: str = "UP"  # UP, DOWN, DRAIN, INACTIVE
+    is_default: bool = False
+
+
 class SlurmBackend(abc.ABC):
     """What the daemon (and the simulator) need from Slurm; one implementation per transport."""
 
@@ -138,6 +151,15 @@ class SlurmBackend(abc.ABC):
     @abc.abstractmethod
     def list_nodes(self) -> list[NodeRecord]:
         """All nodes with their GPU totals and usage."""
+
+    def list_partitions(self) -> list[PartitionRecord]:
+        """The partitions with their limits. A backend that knows none (the simulator) lists none."""
+        return []
+
+    def slurm_config(self) -> dict[str, str]:
+        """Slurm's running configuration (``scontrol show config``) as {Key: value}; {} where there is no
+        slurmctld (the simulator)."""
+        return {}
 
     def get_job(self, job_id: int, include_finished: bool = False) -> JobRecord | None:
         """One job by id, or None if Slurm no longer lists it (as active, unless ``include_finished``)."""

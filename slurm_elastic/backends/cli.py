@@ -20,6 +20,7 @@ from slurm_elastic.backends.base import (
     JobNotRequeueable,
     JobRecord,
     NodeRecord,
+    PartitionRecord,
     SlurmBackend,
     SlurmError,
     SlurmParseError,
@@ -32,6 +33,16 @@ TRANSIENT_ERRORS = re.compile(
     re.IGNORECASE,
 )
 _SIGNAL_RE = re.compile(r"^(SIG)?[A-Z0-9]{1,8}$")
+_GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_PARTITION_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}(,[A-Za-z0-9_.\-]{1,64}){0,31}$")
+
+
+def check_pool_args(job_id: int, partition: str | None, gpu_type: str | None) -> None:
+    """Refuse a partition or GPU type that is not a plain Slurm name (they go into an scontrol argument)."""
+    if partition is not None and (not isinstance(partition, str) or not _PARTITION_RE.match(partition)):
+        raise ValueError(f"job {job_id}: partition must be a Slurm partition name (or a comma list), got {partition!r}")
+    if gpu_type is not None and gpu_type != "" and (not isinstance(gpu_type, str) or not _GPU_TYPE_RE.match(gpu_type)):
+        raise ValueError(f"job {job_id}: gpu_type must be a GRES type name such as 'a100', got {gpu_type!r}")
 
 
 class CliBackend(SlurmBackend):
@@ -58,6 +69,10 @@ class CliBackend(SlurmBackend):
         self.retry_delay = retry_delay
         self._run = runner
         self._version: tuple[int, int, int] | None = None
+        # The GPU type each job asked for, from the last read: a resize that does not change the type
+        # must write it back (TresPerNode is replaced as a whole; an untyped value would free the job
+        # to run on any type).
+        self._gpu_types: dict[int, str] = {}
 
     # ----- plumbing ---------------------------------------------------------------------------
     def _call(self, tool: str, args: Sequence[str], *, retry: bool = True) -> str:
@@ -127,6 +142,7 @@ class CliBackend(SlurmBackend):
 
     def list_jobs(self, include_finished: bool = False) -> list[JobRecord]:
         jobs = dialects.parse_jobs(self.raw_jobs(include_finished))
+        self._gpu_types = {j.job_id: j.gpu_type for j in jobs}
         if not include_finished:
             jobs = [j for j in jobs if j.state in ACTIVE_STATES]
         return jobs
@@ -138,7 +154,23 @@ class CliBackend(SlurmBackend):
         return None
 
     def list_nodes(self) -> list[NodeRecord]:
-        return dialects.parse_nodes(self.raw_nodes())
+        """Nodes, each with the active reservations covering it (one more, cheap read: ``scontrol -o show
+        reservation``, about 5 ms; 22.05's node JSON has no reservation field and 24.11's is empty
+        while a reservation is active)."""
+        nodes = dialects.parse_nodes(self.raw_nodes())
+        return attach_reservations(nodes, self.reservations())
+
+    def reservations(self) -> dict[str, tuple[str, ...]]:
+        """{node: active reservations covering it}."""
+        return dialects.parse_reservations(self._call("scontrol", ["-o", "show", "reservation"]))
+
+    def list_partitions(self) -> list[PartitionRecord]:
+        """Partitions with MaxNodes/MaxTime/DefaultTime (``scontrol -o show partition``: the same text on
+        every version; 22.05's scontrol has no --json)."""
+        return dialects.parse_partitions(self._call("scontrol", ["-o", "show", "partition"]))
+
+    def slurm_config(self) -> dict[str, str]:
+        return dialects.parse_config(self._call("scontrol", ["show", "config"]))
 
     # ----- actions ------------------------------------------------------------------------------
     @staticmethod
@@ -166,10 +198,20 @@ class CliBackend(SlurmBackend):
         # scontrol requeuehold also takes a finished batch job (until MinJobAge drops its record).
         self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
 
-    def gres_request(self, gpus_per_node: int) -> str:
-        """The TresPerNode value in this Slurm's spelling: gres:gpu:K (22.05) or gres/gpu:K (23.11+)."""
+    def gres_request(self, gpus_per_node: int, gpu_type: str = "") -> str:
+        """The TresPerNode value in this Slurm's spelling: gres:gpu:K (22.05) or gres/gpu:K (23.11+), with
+        the type between when one is asked for (gres:gpu:a100:K, gres/gpu:a100:K)."""
         sep = "/" if self.version_tuple() >= (23, 11, 0) else ":"
-        return f"gres{sep}gpu:{gpus_per_node}"
+        return f"gres{sep}gpu:{gpu_type}:{gpus_per_node}" if gpu_type else f"gres{sep}gpu:{gpus_per_node}"
+
+    def current_gpu_type(self, job_id: int) -> str:
+        """The GPU type the job asks for now (from the last read, else one read)."""
+        if job_id not in self._gpu_types:
+            job = self.get_job(job_id)
+            if job is None:
+                raise SlurmError(f"job {job_id} is not active; cannot read its GPU type")
+            return job.gpu_type
+        return self._gpu_types[job_id]
 
     def update_job(
         self,
@@ -180,13 +222,25 @@ class CliBackend(SlurmBackend):
         num_tasks: int | None = None,
         start_now: bool = False,
         admin_comment: str | None = None,
+        partition: str | None = None,
+        gpu_type: str | None = None,
     ) -> None:
+        """One ``scontrol update`` for the resize and the pool (partition, GPU type): Slurm applies it as a
+        whole or not at all. ``gpu_type`` None keeps the job's type; "" makes it untyped."""
         jid = self._jid(job_id)
+        check_pool_args(job_id, partition, gpu_type)
         resize: list[str] = []
+        if partition is not None:
+            resize.append(f"Partition={partition}")
+        if gpu_type is not None and gpus_per_node is None:
+            gpus_per_node = self._current_gpus_per_node(job_id)
         if gpus_per_node is not None:
             if gpus_per_node < 1:
                 raise ValueError(f"job {job_id}: gpus_per_node must be >= 1, got {gpus_per_node}")
-            resize.append(f"TresPerNode={self.gres_request(gpus_per_node)}")
+            kind = self.current_gpu_type(job_id) if gpu_type is None else gpu_type
+            if "," in kind:
+                raise ValueError(f"job {job_id}: it asks for several GPU types ({kind}); resizing it would drop some")
+            resize.append(f"TresPerNode={self.gres_request(gpus_per_node, kind)}")
         if num_nodes is not None:
             if num_nodes < 1:
                 raise ValueError(f"job {job_id}: num_nodes must be >= 1, got {num_nodes}")
@@ -200,6 +254,8 @@ class CliBackend(SlurmBackend):
             resize += [f"NumTasks={num_tasks}", f"MinCPUsNode={per_node}", f"NumCPUs={num_tasks}"]
         if resize:
             self._call("scontrol", ["update", f"JobId={jid}", *resize])
+            if gpus_per_node is not None:
+                self._gpu_types[job_id] = kind
         if admin_comment is not None:
             if "\n" in admin_comment or len(admin_comment) > 1024:
                 raise ValueError(f"job {job_id}: admin comment must be one line of at most 1024 characters")
@@ -207,6 +263,12 @@ class CliBackend(SlurmBackend):
         if start_now:
             # A requeued job otherwise waits cred_expire (120 s by default) before it may start.
             self._call("scontrol", ["update", f"JobId={jid}", "StartTime=now"])
+
+    def _current_gpus_per_node(self, job_id: int) -> int:
+        job = self.get_job(job_id)
+        if job is None or job.gpus_per_node < 1:
+            raise SlurmError(f"job {job_id}: cannot set a GPU type without knowing its GPUs per node")
+        return job.gpus_per_node
 
     def submit_lease(self, name: str, partition: str | None, admin_comment: str) -> int:
         args = ["--parsable", "--hold", f"--job-name={name}", "--output=/dev/null", "--chdir=/", "--ntasks=1",
@@ -232,3 +294,14 @@ class CliBackend(SlurmBackend):
         if batch_only:
             args.append("--batch")
         self._call("scancel", [*args, self._jid(job_id)])
+
+
+def attach_reservations(nodes: list[NodeRecord], reservations: dict[str, tuple[str, ...]]) -> list[NodeRecord]:
+    """Each node with the active reservations covering it (merged with any the node record names)."""
+    import dataclasses
+
+    out = []
+    for n in nodes:
+        names = tuple(dict.fromkeys((*n.reservations, *reservations.get(n.name, ()))))
+        out.append(dataclasses.replace(n, reservations=names) if names != n.reservations else n)
+    return out

@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any
 
-from slurm_elastic.backends.base import JobRecord, NodeRecord, SlurmParseError
+from slurm_elastic.backends.base import JobRecord, NodeRecord, PartitionRecord, SlurmParseError
 
 # Job state flags that Slurm (22.05's job_state_string) may print in place of the base state.
 JOB_STATE_FLAGS = frozenset(
@@ -37,7 +37,11 @@ _PENDING_FLAGS = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_
 
 NODE_BASE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "PLANNED"})
 
-_GPU_RE = re.compile(r"^(?:gres[:/])?gpu(?::[A-Za-z0-9_.\-]+)?[:=](\d+)")
+_GPU_RE = re.compile(r"^(?:gres[:/])?gpu(?::([A-Za-z0-9_.\-]+))?[:=](\d+)")
+# Slurm's time strings (MaxTime, DefaultTime): [days-]hours:minutes:seconds, minutes:seconds, minutes.
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+# A job time limit above this (minutes; ten years) is Slurm's INFINITE/NO_VAL leaking through: unlimited.
+MAX_TIME_LIMIT_MIN = 10 * 366 * 24 * 60
 
 
 def slurm_version(doc: dict) -> tuple[int, int, int]:
@@ -128,9 +132,66 @@ def gpus_in_tres(value: Any) -> int | None:
     for part in value.split(","):
         m = _GPU_RE.match(part.strip())
         if m:
-            total += int(m.group(1))
+            total += int(m.group(2))
             seen = True
     return total if seen else None
+
+
+def gpu_type_in_tres(value: Any) -> str:
+    """The GPU type named in a TRES/GRES string: 'gres/gpu:a100:2' -> 'a100', 'gpu:a100:4(S:0)' -> 'a100';
+    '' when untyped, when no GPU is named, or when the string does not parse (its GPU count is then
+    None too, so nothing is placed on a guess). Several types ('gpu:a100:2,gpu:v100:2') come back
+    sorted and comma-joined: no single pool holds such a request or node."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str):
+        raise SlurmParseError(f"expected a TRES string, got {value!r}")
+    types = set()
+    for part in value.split(","):
+        m = _GPU_RE.match(part.strip())
+        if m and m.group(1):
+            types.add(m.group(1))
+    return ",".join(sorted(types))
+
+
+def time_limit_seconds(value: Any, *, what: str) -> int | None:
+    """A job's time limit (Slurm gives minutes) in seconds; None for unlimited or unset.
+
+    Zero (``--time=0`` means no limit), negative values and values past ten years (INFINITE/NO_VAL
+    printed as a number) read as None: a limit the allocator plans against must be a real one.
+    """
+    n = number(value, what=what)
+    if n is None or (isinstance(n, float) and not math.isfinite(n)) or n <= 0 or n > MAX_TIME_LIMIT_MIN:
+        return None
+    return int(n) * 60
+
+
+def slurm_duration_seconds(text: str) -> int | None:
+    """'2:00:00' / '1-00:00:00' / '30:00' / '45' (Slurm time strings) -> seconds; None for UNLIMITED/NONE/
+    INFINITE. Raises SlurmParseError for anything else."""
+    t = (text or "").strip()
+    if t.upper() in ("UNLIMITED", "INFINITE", "NONE", "(NULL)", "N/A", ""):
+        return None
+    m = _TIME_RE.match(t)
+    if not m:
+        raise SlurmParseError(f"not a Slurm time: {text!r}")
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if b is None:  # minutes, or days-hours
+        secs = a * 3600 if days is not None else a * 60
+    elif c is None:  # minutes:seconds (days-hours:minutes when days are given)
+        secs = a * 3600 + b * 60 if days is not None else a * 60 + b
+    else:
+        secs = a * 3600 + b * 60 + c
+    return secs + (days or 0) * 86400
+
+
+def _exclusive(shared: Any, what: str) -> bool:
+    """``--exclusive`` from the job's ``shared`` field: 'none' (22.05) / ['none'] (23.02+) is exclusive; so
+    are 'user' and 'mcs' (no other user's job on its nodes); 'oversubscribe', null or [] are not."""
+    if shared in (None, "", []):
+        return False
+    words = state_list(shared, what=what)
+    return bool({"NONE", "USER", "MCS"} & set(words))
 
 
 def expand_hostlist(expr: str) -> list[str]:
@@ -220,6 +281,7 @@ def parse_job(job: dict) -> JobRecord:
         requeue = job.get("requeue", True)
         if not isinstance(requeue, bool):
             raise SlurmParseError(f"job {jid}: field 'requeue' should be a boolean, got {requeue!r}")
+        gpu_type = gpu_type_in_tres(job.get("tres_per_node")) or gpu_type_in_tres(job.get("tres_per_job"))
         return JobRecord(
             job_id=jid,
             name=_str(job, "name", jid),
@@ -242,6 +304,11 @@ def parse_job(job: dict) -> JobRecord:
             submit_time=int_or_none(job.get("submit_time"), what=f"job {jid}: submit_time"),
             start_time=int_or_none(job.get("start_time"), what=f"job {jid}: start_time"),
             work_dir=_str(job, "current_working_directory", jid),
+            gpu_type=gpu_type,
+            constraint=_str(job, "features", jid),
+            exclusive=_exclusive(job.get("shared"), f"job {jid}: shared"),
+            time_limit_s=time_limit_seconds(job.get("time_limit"), what=f"job {jid}: time_limit"),
+            reservation=_str(job, "resv_name", jid),
         )
     except SlurmParseError:
         raise
@@ -282,11 +349,97 @@ def parse_node(node: dict) -> NodeRecord:
             gpus_used=gpus_in_tres(node.get("gres_used")) or 0,
             cpus_total=int_or_none(node.get("cpus"), what=f"node {name}: cpus") or 0,
             partitions=tuple(str(p) for p in partitions),
+            gpu_type=gpu_type_in_tres(node.get("gres")),
+            features=_features(node.get("active_features"), f"node {name}: active_features"),
+            reservations=_features(node.get("reservation"), f"node {name}: reservation"),
         )
     except SlurmParseError:
         raise
     except (TypeError, ValueError, AttributeError) as e:
         raise SlurmParseError(f"node {name}: unexpected shape: {e}") from e
+
+
+def _features(value: Any, what: str) -> tuple[str, ...]:
+    """A comma list as text (22.05) or a list of strings (23.02+) -> names; null/''/'(null)' -> ()."""
+    if value in (None, "", "(null)"):
+        return ()
+    if isinstance(value, str):
+        return tuple(v for v in value.split(",") if v and v != "(null)")
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(v for v in value if v)
+    raise SlurmParseError(f"{what}: expected text or a list of strings, got {value!r}")
+
+
+# ----- scontrol one-line text (``scontrol -o show partition|reservation|config``) ------------------
+# 22.05's scontrol has no --json; the ``-o`` text is the same on every version and costs about 5 ms.
+_KV_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/]*=|\s*$)")
+
+
+def parse_oneliners(text: str) -> list[dict[str, str]]:
+    """Records of ``scontrol -o show ...``: one line per record, ``Key=value`` pairs (a value may hold
+    spaces: it runs to the next ``Key=``). Blank lines and 'No reservations in the system' are skipped."""
+    if not isinstance(text, str):
+        raise SlurmParseError(f"expected scontrol text, got {type(text).__name__}")
+    out = []
+    for line in text.splitlines():
+        if "=" not in line:
+            continue
+        out.append({m.group(1): m.group(2) for m in _KV_RE.finditer(line.strip())})
+    return out
+
+
+def parse_partitions(text: str) -> list[PartitionRecord]:
+    """``scontrol -o show partition`` -> PartitionRecord (MaxNodes, MaxTime, DefaultTime, nodes, state)."""
+    out = []
+    for rec in parse_oneliners(text):
+        name = rec.get("PartitionName", "")
+        if not name:
+            raise SlurmParseError(f"a partition record without a PartitionName: {sorted(rec)[:8]}")
+        try:
+            max_nodes = rec.get("MaxNodes", "UNLIMITED")
+            nodes = rec.get("Nodes", "")
+            out.append(PartitionRecord(
+                name=name,
+                nodes=tuple(expand_hostlist(nodes)) if nodes and nodes != "(null)" else (),
+                max_nodes=None if max_nodes.upper() in ("UNLIMITED", "INFINITE") else int(max_nodes),
+                max_time_s=slurm_duration_seconds(rec.get("MaxTime", "UNLIMITED")),
+                default_time_s=slurm_duration_seconds(rec.get("DefaultTime", "NONE")),
+                state=rec.get("State", "UNKNOWN").upper(),
+                is_default=rec.get("Default", "NO").upper() == "YES",
+            ))
+        except (SlurmParseError, ValueError) as e:
+            raise SlurmParseError(f"partition {name}: {e}") from e
+    return out
+
+
+def parse_reservations(text: str) -> dict[str, tuple[str, ...]]:
+    """``scontrol -o show reservation`` -> {node: names of the ACTIVE reservations covering it}."""
+    out: dict[str, list[str]] = {}
+    for rec in parse_oneliners(text):
+        name = rec.get("ReservationName", "")
+        if not name:
+            raise SlurmParseError(f"a reservation record without a ReservationName: {sorted(rec)[:8]}")
+        if rec.get("State", "").upper() != "ACTIVE":
+            continue
+        nodes = rec.get("Nodes", "")
+        if not nodes or nodes == "(null)":
+            continue
+        try:
+            for node in expand_hostlist(nodes):
+                out.setdefault(node, []).append(name)
+        except SlurmParseError as e:
+            raise SlurmParseError(f"reservation {name}: {e}") from e
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` (``Key = value`` lines) -> {Key: value}."""
+    out = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
 
 
 def parse_nodes(doc: Any) -> list[NodeRecord]:

@@ -62,11 +62,12 @@ def test_nodes_come_from_sinfo_on_2205_and_scontrol_from_2302():
     r = FakeRunner("22.05.8")
     r.add("sinfo", (0, (FIXTURES / "slurm-22.05" / "nodes_idle.json").read_text(), ""))
     assert len(backend(r).list_nodes()) == 4
-    assert r.calls[-1][1:] == ["--json"] and r.calls[-1][0].endswith("sinfo")
+    assert r.calls[-2][1:] == ["--json"] and r.calls[-2][0].endswith("sinfo")
+    assert r.calls[-1][1:] == ["-o", "show", "reservation"]  # reservations: the same text on every version
     r = FakeRunner("24.11.5")
     r.add("scontrol show", (0, (FIXTURES / "slurm-24.11-reference" / "scontrol_node_2411.json").read_text(), ""))
     assert len(backend(r).list_nodes()) == 2
-    assert r.calls[-1][1:] == ["show", "nodes", "--json"]
+    assert r.calls[-2][1:] == ["show", "nodes", "--json"]
 
 
 def test_transient_errors_are_retried_a_bounded_number_of_times():
@@ -102,16 +103,60 @@ def test_garbled_or_truncated_json_is_a_parse_error():
         backend(r).list_jobs()
 
 
+def one_job_doc(job_id=5, tres_per_node="gres:gpu:2", partition="gpu"):
+    doc = json.loads(squeue_doc())
+    doc["jobs"] = [dict(doc["jobs"][0], job_id=job_id, tres_per_node=tres_per_node, partition=partition)]
+    return json.dumps(doc)
+
+
 def test_update_uses_the_version_spelling_and_exact_node_counts():
     r = FakeRunner("22.05.8")
+    r.add("squeue --json", (0, one_job_doc(), ""))
     backend(r).update_job(5, gpus_per_node=4, num_nodes=2, num_tasks=8, start_now=True, admin_comment="x=1")
     updates = [c[1:] for c in r.calls if len(c) > 1 and c[1] == "update"]
     assert updates == [["update", "JobId=5", "TresPerNode=gres:gpu:4", "NumNodes=2-2", "NumTasks=8",
                         "MinCPUsNode=4", "NumCPUs=8"],
                        ["update", "JobId=5", "AdminComment=x=1"], ["update", "JobId=5", "StartTime=now"]]
     r = FakeRunner("24.11.5")
+    r.add("squeue --json", (0, one_job_doc(), ""))
     backend(r).update_job(5, gpus_per_node=3)
     assert r.calls[-1][-1] == "TresPerNode=gres/gpu:3"
+
+
+def test_update_pins_partition_and_gpu_type_in_one_update_and_keeps_a_type_it_does_not_change():
+    r = FakeRunner("22.05.8")
+    r.add("squeue --json", (0, one_job_doc(tres_per_node="gres:gpu:a100:2", partition="a100,v100"), ""))
+    b = backend(r)
+    b.list_jobs()  # the daemon's cycle read: the job asks for a100
+    b.update_job(5, gpus_per_node=4, num_nodes=1)  # a resize without a type keeps the job's a100
+    assert r.calls[-1][1:] == ["update", "JobId=5", "TresPerNode=gres:gpu:a100:4", "NumNodes=1-1"]
+    b.update_job(5, gpus_per_node=8, partition="v100", gpu_type="v100")
+    assert r.calls[-1][1:] == ["update", "JobId=5", "Partition=v100", "TresPerNode=gres:gpu:v100:8"]
+    b.update_job(5, gpus_per_node=2)  # our own write is remembered: still v100
+    assert r.calls[-1][-1] == "TresPerNode=gres:gpu:v100:2"
+    b.update_job(5, gpus_per_node=2, gpu_type="")  # "" makes it untyped
+    assert r.calls[-1][-1] == "TresPerNode=gres:gpu:2"
+    r = FakeRunner("24.11.5")
+    r.add("squeue --json", (0, one_job_doc(tres_per_node="gres/gpu:v100:2"), ""))
+    backend(r).update_job(5, partition="a100", gpu_type="a100")  # count unchanged: read from the job
+    assert r.calls[-1][1:] == ["update", "JobId=5", "Partition=a100", "TresPerNode=gres/gpu:a100:2"]
+
+
+def test_hostile_partition_or_gpu_type_is_refused_before_any_call():
+    r = FakeRunner()
+    b = backend(r)
+    for kw in ({"partition": "a100 Nice=-100"}, {"partition": ""}, {"partition": "a;b"},
+               {"gpu_type": "a100:8"}, {"gpu_type": "x Partition=root"}, {"gpu_type": 7}, {"partition": ["a"]}):
+        with pytest.raises(ValueError, match="job 5"):
+            b.update_job(5, gpus_per_node=1, **kw)
+    assert not [c for c in r.calls if "update" in c]
+
+
+def test_a_job_asking_for_two_gpu_types_is_not_resized_into_one():
+    r = FakeRunner()
+    r.add("squeue --json", (0, one_job_doc(tres_per_node="gres:gpu:a100:1,gres:gpu:v100:1"), ""))
+    with pytest.raises(ValueError, match="several GPU types"):
+        backend(r).update_job(5, gpus_per_node=2)
 
 
 def test_hostile_values_never_reach_a_shell_and_bad_ids_are_refused():
