@@ -142,7 +142,7 @@ class CliBackend(SlurmBackend):
 
     def list_jobs(self, include_finished: bool = False) -> list[JobRecord]:
         jobs = dialects.parse_jobs(self.raw_jobs(include_finished))
-        self._gpu_types = {j.job_id: j.gpu_type for j in jobs}
+        self.remember_gpu_types(jobs)
         if not include_finished:
             jobs = [j for j in jobs if j.state in ACTIVE_STATES]
         return jobs
@@ -200,9 +200,14 @@ class CliBackend(SlurmBackend):
 
     def gres_request(self, gpus_per_node: int, gpu_type: str = "") -> str:
         """The TresPerNode value in this Slurm's spelling: gres:gpu:K (22.05) or gres/gpu:K (23.11+), with
-        the type between when one is asked for (gres:gpu:a100:K, gres/gpu:a100:K)."""
+        the type between when one is asked for (gres:gpu:a100:K, gres/gpu:a100:K). Not 22.05's
+        ``gpu:a100:K``: it is accepted but only the text changes, the job still gets its old count."""
         sep = "/" if self.version_tuple() >= (23, 11, 0) else ":"
         return f"gres{sep}gpu:{gpu_type}:{gpus_per_node}" if gpu_type else f"gres{sep}gpu:{gpus_per_node}"
+
+    def remember_gpu_types(self, jobs: list[JobRecord]) -> None:
+        """The GPU types of a read made elsewhere (the pyslurm backend, whose resizes come here)."""
+        self._gpu_types = {j.job_id: j.gpu_type for j in jobs}
 
     def current_gpu_type(self, job_id: int) -> str:
         """The GPU type the job asks for now (from the last read, else one read)."""
@@ -230,16 +235,25 @@ class CliBackend(SlurmBackend):
         jid = self._jid(job_id)
         check_pool_args(job_id, partition, gpu_type)
         resize: list[str] = []
-        if partition is not None:
-            resize.append(f"Partition={partition}")
+        clear_first = False
         if gpu_type is not None and gpus_per_node is None:
             gpus_per_node = self._current_gpus_per_node(job_id)
         if gpus_per_node is not None:
             if gpus_per_node < 1:
                 raise ValueError(f"job {job_id}: gpus_per_node must be >= 1, got {gpus_per_node}")
-            kind = self.current_gpu_type(job_id) if gpu_type is None else gpu_type
+            old = self.current_gpu_type(job_id)
+            kind = old if gpu_type is None else gpu_type
             if "," in kind:
                 raise ValueError(f"job {job_id}: it asks for several GPU types ({kind}); resizing it would drop some")
+            if self.version_tuple() < (23, 11, 0) and bool(old) != bool(kind):
+                # 22.05 refuses to change a job between typed and untyped GPUs in one update ("Invalid
+                # GRES specification (with and without type identification)"). Untyped -> typed works
+                # after clearing TresPerNode; typed -> untyped then leaves the job with no GPUs at all
+                # (seen live on 22.05.8), so it is refused here before any change.
+                if not kind:
+                    raise SlurmError(f"job {job_id} asks for {old} GPUs; Slurm {self.version()} cannot make it "
+                                     f"untyped (it would start with no GPU): keep a type")
+                clear_first = True
             resize.append(f"TresPerNode={self.gres_request(gpus_per_node, kind)}")
         if num_nodes is not None:
             if num_nodes < 1:
@@ -252,8 +266,19 @@ class CliBackend(SlurmBackend):
             # ("More processors requested than permitted"): ask for one CPU per task as well.
             per_node = -(-num_tasks // (num_nodes or 1))
             resize += [f"NumTasks={num_tasks}", f"MinCPUsNode={per_node}", f"NumCPUs={num_tasks}"]
+        if partition is not None:
+            # After TresPerNode: 24.11 checks a new partition against the GPU type the job still has
+            # when Partition comes first ("Resource temporarily unavailable", seen live).
+            resize.append(f"Partition={partition}")
+        if clear_first:
+            self._call("scontrol", ["update", f"JobId={jid}", "TresPerNode="])
         if resize:
-            self._call("scontrol", ["update", f"JobId={jid}", *resize])
+            try:
+                self._call("scontrol", ["update", f"JobId={jid}", *resize])
+            except SlurmError:
+                if clear_first:  # never leave the job without GPUs: back to untyped at the asked count
+                    self._call("scontrol", ["update", f"JobId={jid}", f"TresPerNode={self.gres_request(gpus_per_node)}"])
+                raise
             if gpus_per_node is not None:
                 self._gpu_types[job_id] = kind
         if admin_comment is not None:

@@ -11,7 +11,8 @@ exit the process), so :mod:`slurm_elastic.backends.select` probes the import in 
 and a process talks to one cluster only (tests use :mod:`slurm_elastic.backends.pyslurm_worker`).
 
 What goes to the CLI instead (documented in docs/SLURM-VERSIONS.md): the resize part of
-``update_job`` (GPUs per node, node count, task count). pyslurm's update path never sends a node count
+``update_job`` (GPUs per node, node count, task count, partition and GPU type), and the reads of
+reservations, partitions and the config (``scontrol -o show ...``, about 5 ms each). pyslurm's update path never sends a node count
 (``JobSubmitDescription.nodes`` is applied only at submission, in 22.5.3 and 24.11.0 alike) and always
 spells GPUs ``gres:gpu:K``; the resize must be one atomic update, so it is one ``scontrol update``.
 AdminComment, StartTime, hold, release, requeue-hold, signal and all reads use pyslurm.
@@ -31,12 +32,13 @@ from slurm_elastic.backends.base import (
     JobNotRequeueable,
     JobRecord,
     NodeRecord,
+    PartitionRecord,
     SlurmBackend,
     SlurmError,
     SlurmParseError,
     SlurmTimeout,
 )
-from slurm_elastic.backends.cli import TRANSIENT_ERRORS, CliBackend
+from slurm_elastic.backends.cli import TRANSIENT_ERRORS, CliBackend, attach_reservations
 
 _SIGNAL_RE = re.compile(r"^(SIG)?[A-Z0-9]{1,8}$")
 KILL_JOB_BATCH = 1  # slurm.h: signal only the batch step
@@ -60,6 +62,31 @@ def gpus_in_gres_dict(value: Any, *, what: str) -> int:
             raise SlurmParseError(f"{what}: GPU count should be a non-negative integer, got {count!r}")
         total += count
     return total
+
+
+def gpu_type_in_gres_dict(value: Any, *, what: str) -> str:
+    """The GPU type in pyslurm's GRES dict ({'gpu:a100': 2} or {'gres/gpu:a100': 2} -> 'a100'); '' when
+    untyped; several types sorted and comma-joined, as :func:`dialects.gpu_type_in_tres`."""
+    if value in (None, {}):
+        return ""
+    if not isinstance(value, dict):
+        raise SlurmParseError(f"{what}: expected a GRES dict, got {value!r}")
+    types = set()
+    for key in value:
+        name = str(key).removeprefix("gres/").removeprefix("gres:")
+        if name.startswith("gpu:") and name[4:]:
+            types.add(name[4:])
+    return ",".join(sorted(types))
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if value in (None, "", []):
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise SlurmParseError(f"{what}: expected a list of names, got {value!r}")
+    return tuple(v for v in value if v)
 
 
 def _text(value: Any, what: str) -> str:
@@ -96,6 +123,7 @@ def job_record(job: Any) -> JobRecord:
         if not isinstance(requeue, bool):
             raise SlurmParseError(f"{w}: requeue should be a boolean, got {requeue!r}")
         uid = _int(job.user_id, f"{w}: user_id")
+        sharing = _text(job.resource_sharing, f"{w}: shared").upper()  # NO = --exclusive; OK = unset
         return JobRecord(
             job_id=jid,
             name=_text(job.name, f"{w}: name"),
@@ -118,6 +146,11 @@ def job_record(job: Any) -> JobRecord:
             submit_time=_int(job.submit_time, f"{w}: submit_time") or None,
             start_time=_int(job.start_time, f"{w}: start_time") or None,
             work_dir=_text(job.working_directory, f"{w}: work_dir"),
+            gpu_type=gpu_type_in_gres_dict(job.gres_per_node, what=f"{w}: tres_per_node"),
+            constraint=",".join(_names(job.constraints, f"{w}: features")),
+            exclusive=sharing in ("NO", "USER", "MCS"),
+            time_limit_s=dialects.time_limit_seconds(job.time_limit, what=f"{w}: time_limit"),
+            reservation=_text(job.reservation, f"{w}: reservation"),
         )
     except SlurmParseError:
         raise
@@ -161,6 +194,8 @@ def node_record(node: Any) -> NodeRecord:
             gpus_used=gpus_in_gres_dict(node.allocated_gres, what=f"node {name}: gres_used"),
             cpus_total=_int(node.total_cpus, f"node {name}: cpus") or 0,
             partitions=tuple(str(p) for p in (node.partitions or [])),
+            gpu_type=gpu_type_in_gres_dict(node.configured_gres, what=f"node {name}: gres"),
+            features=_names(node.active_features, f"node {name}: active_features"),
         )
     except SlurmParseError:
         raise
@@ -225,6 +260,7 @@ class PyslurmBackend(SlurmBackend):
     def list_jobs(self, include_finished: bool = False) -> list[JobRecord]:
         jobs = self._rpc("load jobs", lambda: self.pyslurm.Jobs.load())
         out = [job_record(j) for j in jobs.values()]
+        self.cli.remember_gpu_types(out)
         if not include_finished:
             out = [j for j in out if j.state in ACTIVE_STATES]
         return sorted(out, key=lambda j: j.job_id)
@@ -248,7 +284,14 @@ class PyslurmBackend(SlurmBackend):
 
     def list_nodes(self) -> list[NodeRecord]:
         nodes = self._rpc("load nodes", lambda: self.pyslurm.Nodes.load())
-        return sorted((node_record(n) for n in nodes.values()), key=lambda n: n.name)
+        out = sorted((node_record(n) for n in nodes.values()), key=lambda n: n.name)
+        return attach_reservations(out, self.cli.reservations())
+
+    def list_partitions(self) -> list[PartitionRecord]:
+        return self.cli.list_partitions()
+
+    def slurm_config(self) -> dict[str, str]:
+        return self.cli.slurm_config()
 
     # ----- actions ------------------------------------------------------------------------------
     @staticmethod
@@ -288,13 +331,17 @@ class PyslurmBackend(SlurmBackend):
         num_tasks: int | None = None,
         start_now: bool = False,
         admin_comment: str | None = None,
+        partition: str | None = None,
+        gpu_type: str | None = None,
     ) -> None:
         jid = self._jid(job_id)
         if admin_comment is not None and ("\n" in admin_comment or len(admin_comment) > 1024):
             raise ValueError(f"job {job_id}: admin comment must be one line of at most 1024 characters")
-        if gpus_per_node is not None or num_nodes is not None or num_tasks is not None:
-            # The CLI fallback: one atomic resize (see the module docstring).
-            self.cli.update_job(jid, gpus_per_node=gpus_per_node, num_nodes=num_nodes, num_tasks=num_tasks)
+        if (gpus_per_node is not None or num_nodes is not None or num_tasks is not None or partition is not None
+                or gpu_type is not None):
+            # The CLI fallback: one atomic resize and pool change (see the module docstring).
+            self.cli.update_job(jid, gpus_per_node=gpus_per_node, num_nodes=num_nodes, num_tasks=num_tasks,
+                                partition=partition, gpu_type=gpu_type)
         if admin_comment is not None:
             if admin_comment == "":
                 # pyslurm sends an empty string as "unset" (NULL): clearing needs the CLI.

@@ -28,6 +28,7 @@ from slurm_elastic.backends.base import (
     JobNotRequeueable,
     JobRecord,
     NodeRecord,
+    PartitionRecord,
     SlurmBackend,
     SlurmError,
     SlurmParseError,
@@ -37,11 +38,11 @@ from slurm_elastic.backends.base import (
 ERRORS = {c.__name__: c for c in (SlurmError, SlurmTimeout, SlurmParseError, JobNotRequeueable)}
 CALLS = ("list_jobs", "list_nodes", "get_job", "hold", "release", "requeue_hold", "update_job", "signal",
          "version", "pyslurm_version", "submit_lease", "cancel_lease",
-         "requeue_failed")
+         "requeue_failed", "list_partitions", "slurm_config")
 
 
 def _encode(value):
-    if isinstance(value, (JobRecord, NodeRecord)):
+    if isinstance(value, (JobRecord, NodeRecord, PartitionRecord)):
         return {"__record__": type(value).__name__, **dataclasses.asdict(value)}
     if isinstance(value, list):
         return [_encode(v) for v in value]
@@ -52,7 +53,7 @@ def _decode(value):
     if isinstance(value, list):
         return [_decode(v) for v in value]
     if isinstance(value, dict) and "__record__" in value:
-        cls = {"JobRecord": JobRecord, "NodeRecord": NodeRecord}[value.pop("__record__")]
+        cls = {"JobRecord": JobRecord, "NodeRecord": NodeRecord, "PartitionRecord": PartitionRecord}[value.pop("__record__")]
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
     return value
 
@@ -167,6 +168,12 @@ class PyslurmWorker(SlurmBackend):
 
     def list_nodes(self) -> list[NodeRecord]:
         return self._call("list_nodes")
+
+    def list_partitions(self) -> list[PartitionRecord]:
+        return self._call("list_partitions")
+
+    def slurm_config(self) -> dict[str, str]:
+        return self._call("slurm_config")
 
     def hold(self, job_id: int) -> None:
         self._call("hold", job_id)

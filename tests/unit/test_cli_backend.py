@@ -130,16 +130,38 @@ def test_update_pins_partition_and_gpu_type_in_one_update_and_keeps_a_type_it_do
     b.list_jobs()  # the daemon's cycle read: the job asks for a100
     b.update_job(5, gpus_per_node=4, num_nodes=1)  # a resize without a type keeps the job's a100
     assert r.calls[-1][1:] == ["update", "JobId=5", "TresPerNode=gres:gpu:a100:4", "NumNodes=1-1"]
-    b.update_job(5, gpus_per_node=8, partition="v100", gpu_type="v100")
-    assert r.calls[-1][1:] == ["update", "JobId=5", "Partition=v100", "TresPerNode=gres:gpu:v100:8"]
+    b.update_job(5, gpus_per_node=8, partition="v100", gpu_type="v100")  # Partition after TresPerNode
+    assert r.calls[-1][1:] == ["update", "JobId=5", "TresPerNode=gres:gpu:v100:8", "Partition=v100"]
     b.update_job(5, gpus_per_node=2)  # our own write is remembered: still v100
     assert r.calls[-1][-1] == "TresPerNode=gres:gpu:v100:2"
-    b.update_job(5, gpus_per_node=2, gpu_type="")  # "" makes it untyped
-    assert r.calls[-1][-1] == "TresPerNode=gres:gpu:2"
+    n = len(r.calls)
+    with pytest.raises(SlurmError, match="cannot make it untyped"):  # 22.05 would leave it with no GPU
+        b.update_job(5, gpus_per_node=2, gpu_type="")
+    assert len(r.calls) == n
     r = FakeRunner("24.11.5")
     r.add("squeue --json", (0, one_job_doc(tres_per_node="gres/gpu:v100:2"), ""))
-    backend(r).update_job(5, partition="a100", gpu_type="a100")  # count unchanged: read from the job
-    assert r.calls[-1][1:] == ["update", "JobId=5", "Partition=a100", "TresPerNode=gres/gpu:a100:2"]
+    b = backend(r)
+    b.update_job(5, partition="a100", gpu_type="a100")  # count unchanged: read from the job
+    assert r.calls[-1][1:] == ["update", "JobId=5", "TresPerNode=gres/gpu:a100:2", "Partition=a100"]
+    b.update_job(5, gpus_per_node=2, gpu_type="")  # 24.11 takes typed -> untyped in one update
+    assert r.calls[-1][1:] == ["update", "JobId=5", "TresPerNode=gres/gpu:2"]
+
+
+def test_2205_untyped_to_typed_clears_first_and_restores_untyped_when_slurm_refuses():
+    r = FakeRunner("22.05.8")
+    r.add("squeue --json", (0, one_job_doc(tres_per_node="gres:gpu:2"), ""))
+    b = backend(r)
+    b.list_jobs()
+    b.update_job(5, gpus_per_node=4, gpu_type="v100", partition="v100")
+    assert [c[1:] for c in r.calls[-2:]] == [["update", "JobId=5", "TresPerNode="],
+                                           ["update", "JobId=5", "TresPerNode=gres:gpu:v100:4", "Partition=v100"]]
+    r = FakeRunner("22.05.8")
+    r.add("squeue --json", (0, one_job_doc(tres_per_node="gres:gpu:2"), ""))
+    r.add("scontrol update", (0, "", ""), (1, "", "Invalid partition name specified"), (0, "", ""))
+    b = backend(r)
+    with pytest.raises(SlurmError, match="Invalid partition"):
+        b.update_job(5, gpus_per_node=4, gpu_type="v100", partition="nope")
+    assert r.calls[-1][1:] == ["update", "JobId=5", "TresPerNode=gres:gpu:4"]  # never left without GPUs
 
 
 def test_hostile_partition_or_gpu_type_is_refused_before_any_call():

@@ -25,7 +25,8 @@ def fake_job(**over):
     base = dict(id=7, state="PENDING", allocated_nodes=None, num_nodes=1, gres_per_node={"gpu": 2}, priority=0,
                 state_reason="JobHeldAdmin", is_requeueable=True, user_id=0, name="j", partition="gpu",
                 comment="elastic:min_gpus=1", admin_comment=None, requeue_count=1, submit_time=100,
-                start_time=0, working_directory="/w")
+                start_time=0, working_directory="/w", resource_sharing="OK", constraints=[], time_limit=None,
+                reservation=None)
     base.update(over)
     return SimpleNamespace(**base)
 
@@ -42,6 +43,21 @@ def test_job_record_matches_the_cli_meaning():
     assert job_record(fake_job(state="COMPLETING")).is_completing
 
 
+def test_job_and_node_pool_fields_from_pyslurm():
+    # Shapes as pyslurm 22.5.3 / 24.11.0 give them (cstr.to_gres_dict keys, job_share_string words).
+    r = job_record(fake_job(gres_per_node={"gres/gpu:a100": 2}, resource_sharing="NO", constraints=["a100"],
+                            time_limit=30, reservation="maint"))
+    assert (r.gpu_type, r.exclusive, r.constraint, r.time_limit_s, r.reservation) == ("a100", True, "a100", 1800, "maint")
+    r = job_record(fake_job())
+    assert (r.gpu_type, r.exclusive, r.constraint, r.time_limit_s, r.reservation) == ("", False, "", None, "")
+    assert job_record(fake_job(time_limit=-5)).time_limit_s is None  # never a negative limit
+    assert job_record(fake_job(gres_per_node={"gpu:v100": 1, "gpu:a100": 1})).gpu_type == "a100,v100"
+    n = node_record(SimpleNamespace(name="node3", state="MIXED", configured_gres={"gpu:v100": 8},
+                                    allocated_gres={"gpu:v100": 3}, total_cpus=8, partitions=["v100"],
+                                    active_features=["v100", "ib"]))
+    assert (n.gpu_type, n.features, n.gpus_total, n.gpus_used) == ("v100", ("v100", "ib"), 8, 3)
+
+
 def test_bad_values_from_pyslurm_name_the_job_and_field():
     with pytest.raises(SlurmParseError, match="job 7: priority"):
         job_record(fake_job(priority="high"))
@@ -56,8 +72,15 @@ def test_gres_dicts_of_both_versions():
     assert gpus_in_gres_dict({"gpu:a100": 2, "gpu:v100": 1, "shard": 8}, what="x") == 3
     assert gpus_in_gres_dict({}, what="x") == 0
     n = node_record(SimpleNamespace(name="node1", state="IDLE+DRAIN", configured_gres={"gpu": 4},
-                                    allocated_gres={"gpu": 1}, total_cpus=8, partitions=["gpu"]))
+                                    allocated_gres={"gpu": 1}, total_cpus=8, partitions=["gpu"], active_features=[]))
     assert (n.state, n.state_flags, n.gpus_total, n.gpus_used, n.usable) == ("IDLE", ("DRAIN",), 4, 1, False)
+
+
+class NoCli:
+    """The CLI half a list_jobs needs: it only remembers the GPU types read."""
+
+    def remember_gpu_types(self, jobs):
+        self.types = {j.job_id: j.gpu_type for j in jobs}
 
 
 class FakePyslurm:
@@ -82,20 +105,20 @@ class FakePyslurm:
 
 def test_transient_rpc_errors_are_retried_then_typed():
     fake = FakePyslurm([FakeError(1, "Zero Bytes were transmitted or received")])
-    b = PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0)
+    b = PyslurmBackend(module=fake, cli=NoCli(), retries=3, retry_delay=0)
     assert [j.job_id for j in b.list_jobs()] == [7] and fake.calls == 2
     # libslurm already retried the connection for MessageTimeout seconds: no second round.
     fake = FakePyslurm([FakeError(1, "Unable to contact slurm controller (connect failure)")])
     with pytest.raises(SlurmTimeout, match="unreachable"):
-        PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
+        PyslurmBackend(module=fake, cli=NoCli(), retries=3, retry_delay=0).list_jobs()
     assert fake.calls == 1
     fake = FakePyslurm([FakeError(1, "Socket timed out on send/recv operation")] * 4)
     with pytest.raises(SlurmTimeout, match="transiently"):
-        PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
+        PyslurmBackend(module=fake, cli=NoCli(), retries=3, retry_delay=0).list_jobs()
     assert fake.calls == 4
     fake = FakePyslurm([FakeError(2017, "Invalid job id specified")])
     with pytest.raises(SlurmError) as e:
-        PyslurmBackend(module=fake, cli=SimpleNamespace(), retries=3, retry_delay=0).list_jobs()
+        PyslurmBackend(module=fake, cli=NoCli(), retries=3, retry_delay=0).list_jobs()
     assert fake.calls == 1 and e.value.returncode == 2017 and "Invalid job id" in e.value.stderr
 
 
