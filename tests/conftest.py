@@ -147,6 +147,49 @@ def versioned_cluster(request):
             shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", params=slurm_versions())
+def pools_cluster(request):
+    """A running two-pool LocalCluster per Slurm version (issue 13): partition a100 with 2 nodes x a100:4 and
+    partition v100 with 2 nodes x v100:8 (MaxTime 2 h, MaxNodes 2), typed fake GPUs, node features = the
+    type (cluster.TWO_POOLS). Started once, only by the tests that ask for it."""
+    from slurm_elastic.chroot import ChrootRoot
+    from slurm_elastic.cluster import TWO_POOLS, ClusterConfig, LocalCluster, find_free_port_block
+
+    reason = slurm_unavailable_reason()
+    require = os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1"
+    if reason:
+        pytest.fail(reason) if require else pytest.skip(reason)
+    release, base = None, None
+    if request.param != "host":
+        release = request.param
+        root = ChrootRoot(release)
+        if not root.is_complete():
+            if not require:
+                pytest.skip(f"no {release} chroot in {root.path}: run 'slurm-elastic cluster prepare --slurm {release}'")
+            root.ensure()
+        base = root.path / "srv" / "slurm-elastic"
+        base.mkdir(parents=True, exist_ok=True)
+    state = Path(tempfile.mkdtemp(prefix="se-pools-", dir=base))
+    port = find_free_port_block(6, start=26000)
+    cluster = LocalCluster(state, ClusterConfig(pools=[dict(p) for p in TWO_POOLS], ctld_port=port, cred_expire=10,
+                                                release=release))
+    t0 = time.monotonic()
+    try:
+        cluster.up()
+    except BaseException:
+        if os.environ.get("SLURM_ELASTIC_KEEP_CLUSTER") != "1":
+            shutil.rmtree(state, ignore_errors=True)
+        raise
+    print(f"\n{request.param} two-pool cluster up in {time.monotonic() - t0:.1f} s: Slurm {cluster.backend.version()}")
+    try:
+        yield cluster
+    finally:
+        _cancel_all(cluster)
+        cluster.down()
+        if os.environ.get("SLURM_ELASTIC_KEEP_CLUSTER") != "1":
+            shutil.rmtree(state, ignore_errors=True)
+
+
 @pytest.fixture
 def versioned_job_dir(versioned_cluster):
     """A fresh job directory that the versioned cluster's daemons (and sbatch) can see."""

@@ -141,6 +141,21 @@ class PartitionRecord:
     is_default: bool = False
 
 
+NO_PREEMPTION = frozenset({"", "(null)", "preempt/none", "none"})
+
+
+def preemption_refusal(config: dict[str, str]) -> str | None:
+    """Why the daemon must not run on this Slurm, when Slurm preempts jobs itself (``PreemptType`` set),
+    else None. Slurm 22.05 prints ``preempt/none`` when it is off, 24.11 ``(null)``. Slurm's preemption
+    would requeue or cancel jobs behind the allocator's plan (and kill elastic jobs without a checkpoint)."""
+    kind = (config.get("PreemptType") or "").strip()
+    if kind.lower() in NO_PREEMPTION:
+        return None
+    return (f"Slurm preempts jobs (PreemptType={kind}, PreemptMode={config.get('PreemptMode', '?')} in "
+            "slurm.conf): slurm-elastic does not run next to Slurm's own preemption, which would stop jobs "
+            "behind its plan. Set PreemptType=preempt/none (or remove it) and reconfigure; see docs/SYSADMIN.md")
+
+
 class SlurmBackend(abc.ABC):
     """What the daemon (and the simulator) need from Slurm; one implementation per transport."""
 

@@ -245,14 +245,15 @@ class CliBackend(SlurmBackend):
             kind = old if gpu_type is None else gpu_type
             if "," in kind:
                 raise ValueError(f"job {job_id}: it asks for several GPU types ({kind}); resizing it would drop some")
-            if self.version_tuple() < (23, 11, 0) and bool(old) != bool(kind):
-                # 22.05 refuses to change a job between typed and untyped GPUs in one update ("Invalid
-                # GRES specification (with and without type identification)"). Untyped -> typed works
-                # after clearing TresPerNode; typed -> untyped then leaves the job with no GPUs at all
-                # (seen live on 22.05.8), so it is refused here before any change.
-                if not kind:
-                    raise SlurmError(f"job {job_id} asks for {old} GPUs; Slurm {self.version()} cannot make it "
-                                     f"untyped (it would start with no GPU): keep a type")
+            if self.version_tuple() < (23, 11, 0) and old != kind:
+                # 22.05 (seen live on 22.05.8): untyped -> typed is refused in one update ("Invalid GRES
+                # specification (with and without type identification)") and works after clearing
+                # TresPerNode. A job that has had a type cannot leave it: typed -> untyped leaves it
+                # with no GPU at all, and typed -> another type is accepted but the job stays pending
+                # forever (BadConstraints). Both are refused here, before any change.
+                if old:
+                    raise SlurmError(f"job {job_id} asks for {old} GPUs; Slurm {self.version()} cannot move a "
+                                     f"typed job to {kind or 'untyped'} GPUs (it would never start): it stays on {old}")
                 clear_first = True
             resize.append(f"TresPerNode={self.gres_request(gpus_per_node, kind)}")
         if num_nodes is not None:
