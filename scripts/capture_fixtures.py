@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from slurm_elastic.chroot import ChrootRoot, other_release  # noqa: E402
-from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block, resolve_release  # noqa: E402
+from slurm_elastic.cluster import TWO_POOLS, ClusterConfig, LocalCluster, find_free_port_block, resolve_release  # noqa: E402
 
 SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=64,max_batch=1024,max_local_batch=128,batch=256,profile=cifar10"
 SCRIPT = "#!/bin/bash\nsleep 600\n"
@@ -61,13 +61,118 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures"))
     ap.add_argument("--slurm", default="host",
                     help="host, a Debian codename (bookworm, trixie: Slurm in a chroot), or 'all' (host + the other)")
+    ap.add_argument("--pools", action="store_true",
+                    help="capture the two-pool scenario (tests/fixtures/pools-<version>/) instead of the basic one")
     args = ap.parse_args()
+    run = capture_pools if args.pools else capture
+    if args.pools and args.state_dir:
+        sys.exit("--pools starts its own two-pool cluster; it cannot be used with --state-dir")
     if args.slurm == "all":
         if args.state_dir:
             sys.exit("--slurm all starts its own clusters; it cannot be used with --state-dir")
         other = other_release()
-        return max(capture(None, args.out, None), capture(None, args.out, other) if other else 0)
-    return capture(args.state_dir, args.out, resolve_release(args.slurm))
+        return max(run(None, args.out, None), run(None, args.out, other) if other else 0)
+    return run(args.state_dir, args.out, resolve_release(args.slurm))
+
+
+def _own_cluster(release: str | None, config: ClusterConfig) -> LocalCluster:
+    """A cluster on free ports in a scratch state dir (inside the chroot for a release), started."""
+    base = None
+    if release is not None:  # keep the runtime files inside the root; removed afterwards
+        root = ChrootRoot(release)
+        root.ensure()
+        base = root.path / "srv" / "slurm-elastic"
+        base.mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="se-capture-", dir=base)), config)
+    cluster.up()
+    return cluster
+
+
+def capture_pools(state_dir: None, out_dir: str, release: str | None) -> int:
+    """Issue 13's scenario on the two-pool cluster (cluster.TWO_POOLS): node4 drained, reservation
+    ``se_maint`` on node2, a typed --constraint --exclusive --time job running, a job in the reservation
+    running, a rigid v100:8 x 2 job pending, a held elastic job allowed in both partitions. Saves the job
+    and node JSON, and the ``scontrol -o show reservation|partition`` and ``scontrol show config`` text."""
+    cluster = _own_cluster(release, ClusterConfig(pools=[dict(p) for p in TWO_POOLS],
+                                                  ctld_port=find_free_port_block(6, start=23500), release=release))
+    b = cluster.backend
+    version = b.version()
+    final = Path(out_dir) / f"pools-{'.'.join(version.split('.')[:2])}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    work = cluster.job_dir()
+    script = work / "job.sh"
+    script.write_text(SCRIPT)
+    ids: list[int] = []
+
+    def tool(*args: str) -> str:
+        r = cluster.run_tool(*args)
+        if r.returncode != 0:
+            raise RuntimeError(f"{args}: {r.stderr.strip()}")
+        return r.stdout
+
+    try:
+        tool("scontrol", "update", "NodeName=node4", "State=DRAIN", "Reason=capture")
+        tool("scontrol", "create", "reservation", "ReservationName=se_maint", "Nodes=node2", "StartTime=now",
+             "Duration=30", "Users=root")
+        typed = cluster.sbatch(["-p", "a100", "--gres=gpu:a100:2", "--constraint=a100", "--exclusive", "--time=30",
+                                "-o", "/dev/null", str(script)], cwd=work)
+        in_resv = cluster.sbatch(["-p", "a100", "--reservation=se_maint", "--gres=gpu:1", "-o", "/dev/null",
+                                  str(script)], cwd=work)
+        rigid = cluster.sbatch(["-p", "v100", "--gres=gpu:v100:8", "-N", "2", "-o", "/dev/null", str(script)],
+                               cwd=work)
+        held = cluster.sbatch(["--hold", "-p", "a100,v100", "--gres=gpu:2", "--time=1-00:00:00", f"--comment={SPEC}",
+                               "-o", "/dev/null", str(script)], cwd=work)
+        ids += [typed, in_resv, rigid, held]
+        for jid in (typed, in_resv):
+            cluster.wait_job(jid, lambda j: j is not None and j.is_running, timeout=30)
+        time.sleep(1)
+        (out / "squeue_pools.json").write_text(json.dumps(b.raw_jobs(), indent=1) + "\n")
+        (out / "nodes_pools.json").write_text(json.dumps(b.raw_nodes(), indent=1) + "\n")
+        (out / "reservations_pools.txt").write_text(tool("scontrol", "-o", "show", "reservation"))
+        (out / "partitions_pools.txt").write_text(tool("scontrol", "-o", "show", "partition"))
+        (out / "config_pools.txt").write_text(tool("scontrol", "show", "config"))
+        manifest = {
+            "slurm_version": version,
+            "captured_on": time.strftime("%Y-%m-%d"),
+            "tool": "scripts/capture_fixtures.py --pools",
+            "cluster": TWO_POOLS,
+            "jobs": {
+                str(typed): {"state": "RUNNING", "partition": "a100", "gpu_type": "a100", "constraint": "a100",
+                             "exclusive": True, "time_limit_s": 1800, "reservation": "", "nodes": ["node1"]},
+                str(in_resv): {"state": "RUNNING", "partition": "a100", "gpu_type": "", "reservation": "se_maint",
+                               "exclusive": False, "time_limit_s": None, "nodes": ["node2"], "gpus_per_node": 1},
+                str(rigid): {"state": "PENDING", "held": False, "partition": "v100", "gpu_type": "v100",
+                             "gpus_per_node": 8, "node_count": 2, "time_limit_s": 7200, "exclusive": False},
+                str(held): {"state": "PENDING", "held": True, "partitions": ["a100", "v100"], "gpu_type": "",
+                            "gpus_per_node": 2, "time_limit_s": 86400},
+            },
+            "nodes": {
+                "node1": {"gpu_type": "a100", "gpus_total": 4, "gpus_used": 4, "features": ["a100"],
+                          "partitions": ["a100"], "usable": True, "reservations": []},
+                "node2": {"gpu_type": "a100", "gpus_total": 4, "gpus_used": 1, "features": ["a100"],
+                          "partitions": ["a100"], "usable": True, "reservations": ["se_maint"]},
+                "node3": {"gpu_type": "v100", "gpus_total": 8, "gpus_used": 0, "features": ["v100"],
+                          "partitions": ["v100"], "usable": True, "reservations": []},
+                "node4": {"gpu_type": "v100", "gpus_total": 8, "gpus_used": 0, "features": ["v100"],
+                          "partitions": ["v100"], "usable": False, "reservations": []},
+            },
+            "partitions": {"a100": {"max_nodes": None, "max_time_s": None, "nodes": ["node1", "node2"]},
+                           "v100": {"max_nodes": 2, "max_time_s": 7200, "nodes": ["node3", "node4"]}},
+        }
+        (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    finally:
+        cluster.run_tool("scancel", *map(str, ids))
+        cluster.cancel_jobs(timeout=30)
+        time.sleep(1)
+        cluster.down()
+        shutil.rmtree(cluster.state_dir, ignore_errors=True)
+    os.chmod(out, 0o755)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(out, final)
+    print(f"captured the two-pool scenario of Slurm {version} into {final}")
+    return 0
 
 
 def capture(state_dir: str | None, out_dir: str, release: str | None) -> int:

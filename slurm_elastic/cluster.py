@@ -693,7 +693,7 @@ class LocalCluster:
             for n in self.backend.list_nodes():
                 info["nodes"].append(
                     {"name": n.name, "state": n.state, "gpus_total": n.gpus_total, "gpus_used": n.gpus_used,
-                     "partitions": list(n.partitions)}
+                     "partitions": list(n.partitions), "gpu_type": n.gpu_type}
                 )
         return info
 

@@ -19,6 +19,7 @@ from slurm_elastic.cluster import (
     ClusterConfig,
     ClusterError,
     LocalCluster,
+    parse_pools,
     resolve_release,
 )
 
@@ -80,13 +81,21 @@ def cluster():
               help="Seconds a requeued job waits before it may start (Slurm's default is 120).")
 @click.option("--job-submit-lua", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Load this job_submit.lua into slurmctld (JobSubmitPlugins=lua).")
-def up(state_dir, slurm, nodes, gpus_per_node, cpus_per_node, port, cred_expire, job_submit_lua):
+@click.option("--pools", default=None, metavar="SPEC",
+              help="Partitions with typed fake GPUs instead of one 'gpu' partition: NAME:NODESxGPUS,... (partition "
+                   "and GPU type named NAME, e.g. a100:2x4,v100:2x8), or 'two' for that pair with v100 limited to "
+                   "MaxTime 2 h and MaxNodes 2. Overrides --nodes and --gpus-per-node.")
+def up(state_dir, slurm, nodes, gpus_per_node, cpus_per_node, port, cred_expire, job_submit_lua, pools):
     """Start slurmctld and one slurmd per node, and wait until every node is idle (a no-op if up)."""
     release = _release(slurm)
     state_dir = _state_dir(state_dir, release)
+    try:
+        pool_list = parse_pools(pools) if pools else []
+    except ClusterError as e:
+        raise click.BadParameter(str(e), param_hint="--pools") from e
     config = ClusterConfig(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
                            ctld_port=port if port is not None else DEFAULT_PORTS.get(release, 16817),
-                           cred_expire=cred_expire, job_submit_lua=job_submit_lua, release=release)
+                           cred_expire=cred_expire, job_submit_lua=job_submit_lua, release=release, pools=pool_list)
     c = LocalCluster(state_dir)
     if c.is_up() and _shape(c.config) != _shape(config):
         raise click.ClickException(
@@ -97,8 +106,9 @@ def up(state_dir, slurm, nodes, gpus_per_node, cpus_per_node, port, cred_expire,
         started = c.up()
     except ClusterError as e:
         raise click.ClickException(str(e)) from e
-    click.echo(("started" if started else "already up") + f": {nodes} nodes x {gpus_per_node} GPUs, "
-               f"Slurm {c.backend.version()} ({c.label})")
+    shape = (", ".join(f"{p['partition']}: {p['nodes']} x {p['gpu_type']}:{p['gpus_per_node']}" for p in pool_list)
+             if pool_list else f"{nodes} nodes x {gpus_per_node} GPUs")
+    click.echo(("started" if started else "already up") + f": {shape}, Slurm {c.backend.version()} ({c.label})")
     if c.chroot is None:
         click.echo(f"export SLURM_CONF={c.conf_path}")
     else:
@@ -107,7 +117,7 @@ def up(state_dir, slurm, nodes, gpus_per_node, cpus_per_node, port, cred_expire,
 
 def _shape(cfg: ClusterConfig):
     return (cfg.nodes, cfg.gpus_per_node, cfg.cpus_per_node, cfg.ctld_port, cfg.cred_expire, cfg.job_submit_lua,
-            cfg.release)
+            cfg.release, cfg.pools)
 
 
 @cluster.command()
@@ -174,10 +184,10 @@ def status(state_dir, slurm, as_json):
     for d in info["daemons"]:
         click.echo(f"  {d['name']:<14} pid {d['pid']:<8} {'running' if d['alive'] else 'not running'}")
     if info["nodes"]:
-        click.echo(f"{'NODE':<8} {'STATE':<10} {'GPUS':>5} {'USED':>5}  PARTITIONS")
+        click.echo(f"{'NODE':<8} {'STATE':<10} {'GPUS':>5} {'USED':>5}  {'TYPE':<6} PARTITIONS")
         for n in info["nodes"]:
             click.echo(f"{n['name']:<8} {n['state']:<10} {n['gpus_total']:>5} {n['gpus_used']:>5}  "
-                       f"{','.join(n['partitions'])}")
+                       f"{n.get('gpu_type') or '-':<6} {','.join(n['partitions'])}")
         total = sum(n["gpus_total"] for n in info["nodes"])
         used = sum(n["gpus_used"] for n in info["nodes"])
         click.echo(f"GPUs: {total} total, {used} in use, {total - used} free")

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_elastic import planner as pl
-from slurm_elastic.backends.base import ACTIVE_STATES, JobRecord, SlurmBackend, SlurmError, SlurmParseError
+from slurm_elastic.backends.base import (
+    ACTIVE_STATES,
+    JobRecord,
+    SlurmBackend,
+    SlurmError,
+    SlurmParseError,
+    preemption_refusal,
+)
 from slurm_elastic.daemon.caps import CappedPolicy
 from slurm_elastic.daemon.config import ConfigError, DaemonConfig, check_managed_partitions, load_config
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
@@ -498,12 +505,16 @@ class Daemon:
         check is then repeated at the first cycle that reads Slurm)."""
         try:
             nodes = self.backend.list_nodes()
+            slurm_conf = self.backend.slurm_config()
         except SlurmError as e:
             if not quiet:
                 event(logging.ERROR, "cannot check the managed partitions against Slurm; will check at the "
                       "next cycle", error=str(e))
             self._config_unchecked = True
             return False
+        why = preemption_refusal(slurm_conf)  # issue 13: never next to Slurm's own preemption
+        if why:
+            raise ConfigError(why)
         check_managed_partitions(cfg, nodes)
         self._config_unchecked = False
         return True
@@ -832,6 +843,12 @@ class _Snapshotted(SlurmBackend):
 
     def list_nodes(self):
         return self.inner.list_nodes()
+
+    def list_partitions(self):
+        return self.inner.list_partitions()
+
+    def slurm_config(self):
+        return self.inner.slurm_config()
 
     def hold(self, job_id):
         return self.inner.hold(job_id)

@@ -274,3 +274,24 @@ def test_daemon_process_reloads_on_sighup_and_stops_on_sigterm(tmp_path):
             p.kill()
             p.wait()
         log.close()
+
+
+class PreemptingSlurm(SimulatedSlurm):
+    """A Slurm whose slurm.conf turns its own preemption on."""
+
+    def __init__(self, preempt_type, **kw):
+        super().__init__(**kw)
+        self.preempt_type = preempt_type
+
+    def slurm_config(self):
+        return {"PreemptType": self.preempt_type, "PreemptMode": "REQUEUE"}
+
+
+@pytest.mark.parametrize("preempt_type", ["preempt/qos", "preempt/partition_prio"])
+def test_daemon_refuses_to_start_next_to_slurms_own_preemption(tmp_path, preempt_type):
+    sim = PreemptingSlurm(preempt_type, nodes=2, gpus_per_node=4)
+    with pytest.raises(ConfigError, match=f"PreemptType={preempt_type}.*preempt/none"):
+        _daemon(sim, tmp_path)
+    for off in ("preempt/none", "(null)", ""):  # 22.05 prints preempt/none when off, 24.11 (null)
+        d = _daemon(PreemptingSlurm(off, nodes=2, gpus_per_node=4), tmp_path / off.replace("/", "_").strip("()"))
+        d.close()
