@@ -213,9 +213,8 @@ class CliBackend(SlurmBackend):
         """The GPU type the job asks for now (from the last read, else one read)."""
         if job_id not in self._gpu_types:
             job = self.get_job(job_id)
-            if job is None:
-                raise SlurmError(f"job {job_id} is not active; cannot read its GPU type")
-            return job.gpu_type
+            # Not active: no update can change it, and scontrol's own refusal ("Invalid job id") says why.
+            return job.gpu_type if job is not None else ""
         return self._gpu_types[job_id]
 
     def update_job(
