@@ -267,8 +267,8 @@ class CliBackend(SlurmBackend):
             per_node = -(-num_tasks // (num_nodes or 1))
             resize += [f"NumTasks={num_tasks}", f"MinCPUsNode={per_node}", f"NumCPUs={num_tasks}"]
         if partition is not None:
-            # After TresPerNode: 24.11 checks a new partition against the GPU type the job still has
-            # when Partition comes first ("Resource temporarily unavailable", seen live).
+            # After TresPerNode: with Partition first, 24.11 sometimes answered "Resource temporarily
+            # unavailable" when the type changed too (seen live, not on demand); never in this order.
             resize.append(f"Partition={partition}")
         if clear_first:
             self._call("scontrol", ["update", f"JobId={jid}", "TresPerNode="])
