@@ -38,7 +38,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from slurm_elastic.chroot import ChrootRoot, other_release  # noqa: E402
-from slurm_elastic.cluster import TWO_POOLS, ClusterConfig, LocalCluster, find_free_port_block, resolve_release  # noqa: E402
+from slurm_elastic.cluster import (  # noqa: E402
+    TWO_POOLS,
+    ClusterConfig,
+    LocalCluster,
+    find_free_port_block,
+    resolve_release,
+)
 
 SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=64,max_batch=1024,max_local_batch=128,batch=256,profile=cifar10"
 SCRIPT = "#!/bin/bash\nsleep 600\n"
@@ -178,15 +184,7 @@ def capture_pools(state_dir: None, out_dir: str, release: str | None) -> int:
 def capture(state_dir: str | None, out_dir: str, release: str | None) -> int:
     own = state_dir is None
     if own:
-        config = ClusterConfig(ctld_port=find_free_port_block(8, start=23000), release=release)
-        base = None
-        if release is not None:  # keep the runtime files inside the root; removed afterwards
-            root = ChrootRoot(release)
-            root.ensure()
-            base = root.path / "srv" / "slurm-elastic"
-            base.mkdir(parents=True, exist_ok=True)
-        cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="se-capture-", dir=base)), config)
-        cluster.up()
+        cluster = _own_cluster(release, ClusterConfig(ctld_port=find_free_port_block(8, start=23000), release=release))
     else:
         cluster = LocalCluster(state_dir)
         if not cluster.is_up():
