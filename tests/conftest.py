@@ -11,6 +11,8 @@ slurm_elastic/chroot.py). The chroot is built by ``slurm-elastic cluster prepare
 runs it); when it is missing the chroot cases are skipped, except under
 ``SLURM_ELASTIC_REQUIRE_SLURM=1`` (CI), where the fixture builds it (once, under a lock).
 ``SLURM_ELASTIC_SLURM_VERSIONS=host`` (comma-separated) restricts the versions.
+``pools_cluster`` (issue 13) is a second session cluster per version, started only by the tests that
+take it: two partitions with typed fake GPUs and two node sizes (a100: 2 x a100:4, v100: 2 x v100:8).
 Job scripts for a versioned cluster must lie where its daemons see them: use ``versioned_job_dir``
 (or ``cluster.job_dir()``), and run Slurm tools with ``cluster.tool(...)``/``cluster.run_tool(...)``.
 """
