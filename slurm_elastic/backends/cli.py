@@ -164,6 +164,26 @@ class CliBackend(SlurmBackend):
         """{node: active reservations covering it}."""
         return dialects.parse_reservations(self._call("scontrol", ["-o", "show", "reservation"]))
 
+    def tres_per_job(self, job_id: int) -> str:
+        """One job's ``tres_per_job`` (``--gpus=N``) from ``scontrol show job J --json`` (23.02+; for the
+        pyslurm backend, whose typed API lacks it); "" when the job has ended."""
+        jid = self._jid(job_id)
+        if self.version_tuple() < (23, 2, 0):
+            raise SlurmError(f"job {job_id}: scontrol of Slurm {self.version()} has no --json")
+        try:
+            doc = self._json("scontrol", ["show", "job", jid, "--json"])
+        except SlurmError as e:
+            if "Invalid job id" in (e.stderr or ""):
+                return ""
+            raise
+        jobs = doc.get("jobs")
+        if not isinstance(jobs, list) or len(jobs) != 1 or not isinstance(jobs[0], dict):
+            raise SlurmParseError(f"job {job_id}: scontrol show job --json gave no single job", argv=["scontrol"])
+        value = jobs[0].get("tres_per_job") or ""
+        if not isinstance(value, str):
+            raise SlurmParseError(f"job {job_id}: field 'tres_per_job' should be text", argv=["scontrol"])
+        return value
+
     def list_partitions(self) -> list[PartitionRecord]:
         """Partitions with MaxNodes/MaxTime/DefaultTime (``scontrol -o show partition``: the same text on
         every version; 22.05's scontrol has no --json)."""

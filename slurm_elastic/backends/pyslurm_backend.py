@@ -20,6 +20,7 @@ AdminComment, StartTime, hold, release, requeue-hold, signal and all reads use p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal as signal_mod
 import time
@@ -222,6 +223,7 @@ class PyslurmBackend(SlurmBackend):
         self.cli = cli or CliBackend()
         self.retries = retries
         self.retry_delay = retry_delay
+        self._per_job: dict[int, str] = {}  # job -> its tres_per_job (``--gpus=N``), read once per job
 
     # ----- plumbing ---------------------------------------------------------------------------
     def _rpc(self, what: str, fn: Callable[[], Any], *, retry: bool = True) -> Any:
@@ -259,11 +261,46 @@ class PyslurmBackend(SlurmBackend):
     # ----- reads --------------------------------------------------------------------------------
     def list_jobs(self, include_finished: bool = False) -> list[JobRecord]:
         jobs = self._rpc("load jobs", lambda: self.pyslurm.Jobs.load())
-        out = [job_record(j) for j in jobs.values()]
+        out = [self._with_gpus_per_job(job_record(j)) for j in jobs.values()]
+        self._per_job = {k: v for k, v in self._per_job.items() if k in jobs}
         self.cli.remember_gpu_types(out)
         if not include_finished:
             out = [j for j in out if j.state in ACTIVE_STATES]
         return sorted(out, key=lambda j: j.job_id)
+
+    def _with_gpus_per_job(self, rec: JobRecord) -> JobRecord:
+        """An active job with no GPUs per node may ask ``--gpus=N`` per job, which the typed API does not
+        show (no ``tres_per_job`` in pyslurm 22.5.3 or 24.11.0): read it once per job through the old
+        API's single-job load, as the CLI dialects read it (per node = N // nodes)."""
+        if rec.gpus_per_node or not rec.is_active:
+            return rec
+        text = self._per_job.get(rec.job_id)
+        if text is None and not str(self.pyslurm.__version__).startswith("22."):
+            # pyslurm 24.11.0's old API fails on this load ("an integer is required", seen live): 24.11's
+            # ``scontrol show job J --json`` gives the field instead (about 10 ms, once per job).
+            text = self.cli.tres_per_job(rec.job_id)
+            self._per_job[rec.job_id] = text
+        if text is None:
+            def load():
+                try:
+                    return self.pyslurm.job().find_id(str(rec.job_id))
+                except ValueError as e:  # the old API raises ValueError(message, errno) for every error
+                    msg, errno = (e.args + (None,))[:2] if e.args else ("", None)
+                    if "Invalid job id" in str(msg):
+                        return []  # it ended meanwhile
+                    raise self.pyslurm.RPCError(errno=errno if isinstance(errno, int) else -1, msg=str(msg)) from e
+
+            found = self._rpc(f"load job {rec.job_id} (tres_per_job)", load)
+            text = ""
+            if found and isinstance(found[0], dict):
+                text = _text(found[0].get("tres_per_job"), f"job {rec.job_id}: tres_per_job")
+            self._per_job[rec.job_id] = text
+        total = dialects.gpus_in_tres(text)
+        if not total:
+            return rec
+        nodes = rec.node_count or 1
+        return dataclasses.replace(rec, gpus_per_node=total // nodes if rec.node_count else total, gpus_total=total,
+                                   gpu_type=rec.gpu_type or dialects.gpu_type_in_tres(text))
 
     def get_job(self, job_id: int, include_finished: bool = False) -> JobRecord | None:
         jid = self._jid(job_id)
@@ -279,7 +316,7 @@ class PyslurmBackend(SlurmBackend):
         job = self._rpc(f"load job {jid}", load)
         if job is None:
             return None
-        rec = job_record(job)
+        rec = self._with_gpus_per_job(job_record(job))
         return rec if include_finished or rec.state in ACTIVE_STATES else None
 
     def list_nodes(self) -> list[NodeRecord]:

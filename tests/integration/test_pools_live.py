@@ -83,6 +83,8 @@ def test_records_types_partitions_drain_reservation_and_rigid_demand(pools_clust
         ids.append(in_resv)
         rigid = c.sbatch(["-p", "v100", "--gres=gpu:v100:8", "-N", "2", "-o", "/dev/null", str(script)], cwd=d)
         ids.append(rigid)
+        per_job = c.sbatch(["-p", "v100", "--gpus=v100:3", "-o", "/dev/null", str(script)], cwd=d)  # tres_per_job
+        ids.append(per_job)
         for jid in (typed, in_resv):
             c.wait_job(jid, lambda j: j is not None and j.is_running, timeout=30)
         with backends(c) as bs:
@@ -105,6 +107,8 @@ def test_records_types_partitions_drain_reservation_and_rigid_demand(pools_clust
                 assert (g.state, g.held, g.gpus_per_node, g.node_count, g.gpu_type, g.partitions) == (
                     "PENDING", False, 8, 2, "v100", ("v100",)), name
                 assert g.priority and g.priority > 0 and g.time_limit_s == 7200, name  # MaxTime of v100
+                p = jobs[per_job]  # pending behind the rigid job, or started by backfill: 3 v100 GPUs either way
+                assert (p.gpus_total, p.gpu_type, p.node_count) == (3, "v100", 1), (name, p)
                 parts = {p.name: p for p in b.list_partitions()}
                 assert (parts["v100"].max_nodes, parts["v100"].max_time_s, parts["v100"].nodes) == (2, 7200, V100)
                 assert (parts["a100"].max_nodes, parts["a100"].max_time_s, parts["a100"].is_default) == (None, None, True)

@@ -212,3 +212,16 @@ def test_signal_argv():
     backend(r).signal(12, "USR2", batch_only=True)
     assert [c[1:] for c in r.calls if c[0].endswith("scancel")] == [["--signal=USR2", "12"],
                                                                      ["--signal=USR2", "--batch", "12"]]
+
+
+def test_tres_per_job_of_one_job_on_2411_and_not_on_2205():
+    doc = json.loads((FIXTURES / "pools-24.11" / "squeue_pools.json").read_text())
+    doc["jobs"] = [dict(doc["jobs"][0], tres_per_job="gres/gpu:v100:3")]
+    r = FakeRunner("24.11.5")
+    r.add("scontrol show", (0, json.dumps(doc), ""), (1, "", "slurm_load_jobs error: Invalid job id specified"))
+    b = backend(r)
+    assert b.tres_per_job(5) == "gres/gpu:v100:3"
+    assert r.calls[-1][1:] == ["show", "job", "5", "--json"]
+    assert b.tres_per_job(6) == ""  # ended meanwhile
+    with pytest.raises(SlurmError, match="no --json"):
+        backend(FakeRunner("22.05.8")).tres_per_job(5)

@@ -176,3 +176,56 @@ def test_config_backend_key():
     assert config_from_dict({"backend": "auto"}).backend == "auto"
     with pytest.raises(ConfigError, match="backend must be one of auto, cli, pyslurm"):
         config_from_dict({"backend": "grpc"})
+
+
+def test_gpus_per_job_come_from_the_old_api_once_per_job():
+    """``--gpus=N`` (tres_per_job) is not in pyslurm's typed API: read once per job, as the CLI reads it."""
+    class Old:
+        loads = []
+
+        def find_id(self, jid):
+            Old.loads.append(jid)
+            if jid == "9":
+                raise ValueError("Invalid job id specified", 2017)
+            return [{"tres_per_job": {"7": "gres/gpu:v100:6", "8": ""}[jid]}]
+
+    jobs = {7: fake_job(gres_per_node={}, num_nodes=2, priority=5, state_reason="Resources"),
+            8: fake_job(id=8, gres_per_node={}, priority=5),
+            9: fake_job(id=9, gres_per_node={}, priority=5),
+            10: fake_job(id=10, gres_per_node={"gpu": 1})}
+    fake = SimpleNamespace(PyslurmError=FakeError, RPCError=FakeError, job=Old, __version__="22.5.3",
+                           Jobs=SimpleNamespace(load=lambda: jobs))
+    b = PyslurmBackend(module=fake, cli=NoCli(), retries=0, retry_delay=0)
+    for _ in range(2):
+        recs = {j.job_id: j for j in b.list_jobs()}
+        assert (recs[7].gpus_per_node, recs[7].gpus_total, recs[7].gpu_type) == (3, 6, "v100")
+        assert recs[8].gpus_total == 0 and recs[9].gpus_total == 0 and recs[10].gpus_per_node == 1
+    assert sorted(Old.loads) == ["7", "8", "9"]  # once per job; never for a job with GPUs per node
+
+
+def test_a_failing_old_api_read_is_a_typed_error_not_zero_gpus():
+    class Old:
+        def find_id(self, jid):
+            raise ValueError("Socket timed out on send/recv operation", 5004)
+
+    fake = SimpleNamespace(PyslurmError=FakeError, RPCError=FakeError, job=Old, __version__="22.5.3",
+                           Jobs=SimpleNamespace(load=lambda: {7: fake_job(gres_per_node={})}))
+    with pytest.raises(SlurmTimeout):
+        PyslurmBackend(module=fake, cli=NoCli(), retries=1, retry_delay=0).list_jobs()
+
+
+def test_gpus_per_job_through_the_cli_on_pyslurm_24():
+    class Cli(NoCli):
+        asked = []
+
+        def tres_per_job(self, jid):
+            Cli.asked.append(jid)
+            return "gres/gpu:4"
+
+    fake = SimpleNamespace(PyslurmError=FakeError, RPCError=FakeError, __version__="24.11.0",
+                           Jobs=SimpleNamespace(load=lambda: {7: fake_job(gres_per_node={}, num_nodes=2)}))
+    b = PyslurmBackend(module=fake, cli=Cli(), retries=0, retry_delay=0)
+    for _ in range(2):
+        (rec,) = b.list_jobs()
+        assert (rec.gpus_per_node, rec.gpus_total, rec.gpu_type) == (2, 4, "")
+    assert Cli.asked == [7]
