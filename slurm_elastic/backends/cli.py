@@ -287,8 +287,8 @@ class CliBackend(SlurmBackend):
             per_node = -(-num_tasks // (num_nodes or 1))
             resize += [f"NumTasks={num_tasks}", f"MinCPUsNode={per_node}", f"NumCPUs={num_tasks}"]
         if partition is not None:
-            # After TresPerNode: with Partition first, 24.11 sometimes answered "Resource temporarily
-            # unavailable" when the type changed too (seen live, not on demand); never in this order.
+            # Last, after TresPerNode. 24.11 sometimes answers a partition change with "Resource
+            # temporarily unavailable" (seen live, intermittent, in either order): retried as transient.
             resize.append(f"Partition={partition}")
         if clear_first:
             self._call("scontrol", ["update", f"JobId={jid}", "TresPerNode="])
