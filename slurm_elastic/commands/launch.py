@@ -105,7 +105,8 @@ def launch(srun_bin, command):
     os.makedirs(ckpt, exist_ok=True)
     cmd = list(command)
     if cmd[0].endswith(".py"):
-        cmd = [env.get("ELASTIC_PYTHON") or sys.executable, *cmd]
+        # Through the runner: the stop handler is in place before the script's slow imports.
+        cmd = [env.get("ELASTIC_PYTHON") or sys.executable, "-m", "slurm_elastic.train.run", *cmd]
 
     if rec is not None and is_elastic_comment(comment):
         try:

@@ -1,0 +1,29 @@
+"""``python -m slurm_elastic.train.run train.py ARGS``: run a training script with the stop handler
+already installed (what ``slurm-elastic launch`` starts under ``srun``).
+
+Why: the daemon's USR2 may reach a task while its script is still importing torch (seconds); with
+the handler in place before the script starts, that request is kept instead of killing the task, and
+the script itself needs no ``install_stop_handler()`` line. Torch-free until the script imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from slurm_elastic.train.signals import install_stop_handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or not argv[0].endswith(".py"):
+        raise SystemExit("usage: python -m slurm_elastic.train.run SCRIPT.py [ARGS...]")
+    install_stop_handler()
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # as ``python SCRIPT.py`` would have it
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
