@@ -221,6 +221,7 @@ def elastic_batches(job, loader) -> Iterator:
     finally:
         hook.remove()
         state.unpatch_optimizer()
+        job.micro_tag = None
         if job.ddp is not None:
             job.ddp.require_backward_grad_sync = True
         if job.noise is not None:
@@ -332,6 +333,7 @@ class _LoopState:
     # the user's optimizer (and AMP scaler) -----------------------------------------------------------
     def begin_micro(self, tag: MicroTag) -> None:
         self.tag = tag
+        self.job.micro_tag = tag
         self.micro_done = False
         noise = self.job.noise
         if noise is not None:

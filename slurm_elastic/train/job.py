@@ -193,6 +193,7 @@ class ElasticJob:
         self.samples_seen = 0
         self.optimizer_steps = 0
         self.dataset_size: int | None = None
+        self.micro_tag = None  # the DataLoader path's current micro-batch (data.MicroTag: epoch, samples, ...)
         self.history: list[dict] = []
         self.lr: LRScaler | None = None
         self.restored_from: Path | None = None

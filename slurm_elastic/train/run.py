@@ -4,6 +4,7 @@ already installed (what ``slurm-elastic launch`` starts under ``srun``).
 Why: the daemon's USR2 may reach a task while its script is still importing torch (seconds); with
 the handler in place before the script starts, that request is kept instead of killing the task, and
 the script itself needs no ``install_stop_handler()`` line. Torch-free until the script imports it.
+``--torchrun``: run torchrun (standalone) as the agent of a single-node start instead (see launch).
 """
 
 from __future__ import annotations
@@ -17,6 +18,17 @@ from slurm_elastic.train.signals import install_stop_handler
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--torchrun"]:
+        # ``--torchrun [torchrun options] SCRIPT.py ARGS``: this process becomes a standalone torchrun
+        # agent that ignores USR2 (Slurm signals every process of the step; the agent's default
+        # action would end the step); the workers inherit the ignore and install the stop handler.
+        import signal
+
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        from torch.distributed.run import main as torchrun_main
+
+        torchrun_main(["--standalone", *argv[1:]])
+        return
     if not argv or not argv[0].endswith(".py"):
         raise SystemExit("usage: python -m slurm_elastic.train.run SCRIPT.py [ARGS...]")
     install_stop_handler()

@@ -14,6 +14,22 @@ from pathlib import Path
 
 from test_train_ddp import LAUNCHER, Harness
 
+
+# Shared by the workers (pasted into each): with --hold-after K, a start trains K steps and then waits
+# inside its next step for the daemon's stop request (at most 120 s), so that every start of a
+# daemon-driven test trains a few steps whatever the daemon's reaction time; the file "fast" in the
+# output directory lifts the wait (the test's last phase).
+HOLD_FN = """
+    def hold(job, n_this):
+        import time
+        if a.hold_after < 0 or n_this < a.hold_after:
+            return
+        deadline = time.monotonic() + 120
+        while (time.monotonic() < deadline and not job.flag.is_set()
+               and not os.path.exists(os.path.join(a.out_dir, "fast"))):
+            time.sleep(0.2)
+"""
+
 LIGHTNING_WORKER = textwrap.dedent(
     '''
     import argparse, os, signal, sys
@@ -34,9 +50,11 @@ LIGHTNING_WORKER = textwrap.dedent(
     p.add_argument("--lr-scaling", default="none")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--hold-after", type=int, default=-1)
     a = p.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    HOLD = HOLD_SRC
 
     class DS(torch.utils.data.Dataset):
         def __init__(self, n):
@@ -49,7 +67,7 @@ LIGHTNING_WORKER = textwrap.dedent(
             return i, self.X[i], self.Y[i]
 
     elastic = ElasticLightning(a.ckpt_dir, seed=7, lr_scaling=a.lr_scaling, timeout_s=90, throughput_warmup_steps=1,
-                               default_batch=24)
+                               default_batch=24, base_batch=24)
     loop = elastic.loop
     seen = open(os.path.join(a.out_dir, f"seen.s{restart}.r{rank}.txt"), "a")
 
@@ -66,6 +84,7 @@ LIGHTNING_WORKER = textwrap.dedent(
             if k == 0:
                 if self.n_this == a.signal_after and rank == a.signal_rank:
                     os.kill(os.getpid(), signal.SIGUSR2)  # one rank, in the middle of a step
+                hold(elastic.job, self.n_this)
                 self.n_this += 1
                 self.rows = {"idx": [], "loss": 0.0}
             loss = F.cross_entropy(self.net(x), y)  # an ordinary mean loss
@@ -93,7 +112,71 @@ LIGHTNING_WORKER = textwrap.dedent(
     if rank == 0:
         torch.save(model.net.state_dict(), os.path.join(a.out_dir, "final.pt"))
     '''
-)
+).replace("HOLD = HOLD_SRC\n", textwrap.dedent(HOLD_FN))
+
+# The plain-PyTorch path of docs/ELASTIC-SCRIPT.md (ElasticJob.create / prepare / loader / epochs, an
+# ordinary mean loss, a DataLoader with workers), the same network, data and optimizer as the Lightning
+# worker plus gradient clipping by the library; run under srun (one task per GPU) or torchrun.
+LOADER_WORKER = textwrap.dedent(
+    '''
+    import argparse, os
+    from slurm_elastic.train import ElasticJob
+    import torch
+    import torch.nn.functional as F
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--n", type=int, default=144)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--hold-after", type=int, default=-1)
+    a = p.parse_args()
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    HOLD = HOLD_SRC
+
+    class DS(torch.utils.data.Dataset):
+        def __init__(self, n):
+            g = torch.Generator().manual_seed(1234)
+            self.X = torch.randn(n, 8, generator=g)
+            self.Y = (self.X @ torch.randn(8, 3, generator=g)).argmax(1)
+        def __len__(self):
+            return len(self.X)
+        def __getitem__(self, i):
+            return i, self.X[i], self.Y[i]
+
+    job = ElasticJob.create(seed=7, lr_scaling="sqrt", base_batch=24, default_batch=24, clip_grad_norm=1.0, timeout_s=120,
+                            throughput_warmup_steps=1)
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
+    ddp = job.prepare(model, opt)
+    loader = job.loader(DS(a.n), num_workers=a.num_workers)
+    seen = open(os.path.join(a.out_dir, f"seen.s{restart}.r{job.rank}.txt"), "a")
+    print(f"worker rank {job.rank} of {job.world_size} via {job.senv.launcher}, {a.num_workers} loader workers",
+          flush=True)
+    n_this, idx_step, loss_step = 0, [], 0.0
+    for epoch in job.epochs(a.epochs):
+        for idx, x, y in loader:
+            tag = job.micro_tag
+            if tag.index == 0:
+                hold(job, n_this)
+            opt.zero_grad()
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            if tag.samples:
+                idx_step += idx.tolist()
+                loss_step += float(loss.detach()) * len(idx)
+            factor, before = job.lr_factor, job.optimizer_steps
+            opt.step()
+            if job.optimizer_steps != before:
+                seen.write(f"{tag.epoch} {before} {','.join(map(str, idx_step))} {factor} {loss_step}\\n")
+                seen.flush()
+                n_this, idx_step, loss_step = n_this + 1, [], 0.0
+    job.finish()
+    if job.rank == 0:
+        torch.save(model.state_dict(), os.path.join(a.out_dir, "final.pt"))
+    '''
+).replace("HOLD = HOLD_SRC\n", textwrap.dedent(HOLD_FN))
 
 HF_WORKER = textwrap.dedent(
     '''
@@ -110,15 +193,18 @@ HF_WORKER = textwrap.dedent(
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--n", type=int, default=96)
+    p.add_argument("--base-batch", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--signal-after", type=int, default=-1)
     p.add_argument("--signal-rank", type=int, default=0)
     p.add_argument("--lr-scaling", default="none")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--hold-after", type=int, default=-1)
     a = p.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    HOLD = HOLD_SRC
 
     class DS(torch.utils.data.Dataset):
         def __init__(self, n):
@@ -130,7 +216,7 @@ HF_WORKER = textwrap.dedent(
             return {"input_ids": self.ids[i], "labels": self.ids[i], "idx": torch.tensor(i)}
 
     job = elastic_setup(a.ckpt_dir, seed=7, lr_scaling=a.lr_scaling, timeout_s=90, throughput_warmup_steps=1,
-                        default_batch=16)
+                        default_batch=16, base_batch=a.base_batch)
     torch.manual_seed(7)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
@@ -141,6 +227,7 @@ HF_WORKER = textwrap.dedent(
         def on_pre_optimizer_step(self, args, state, control, **kw):
             if self.n_this == a.signal_after and rank == a.signal_rank:
                 os.kill(os.getpid(), signal.SIGUSR2)  # one rank, in the middle of a step
+            hold(job, self.n_this)
             self.n_this += 1
             self.factor = job.lr_factor
             if a.step_delay:
@@ -182,7 +269,7 @@ HF_WORKER = textwrap.dedent(
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(a.out_dir, "final.pt"))
     '''
-)
+).replace("HOLD = HOLD_SRC\n", textwrap.dedent(HOLD_FN))
 
 
 class FrameworkHarness(Harness):
