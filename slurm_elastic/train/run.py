@@ -27,7 +27,11 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         from torch.distributed.run import main as torchrun_main
 
-        torchrun_main(["--standalone", *argv[1:]])
+        rest = argv[1:]
+        i = next((k for k, x in enumerate(rest) if x.endswith(".py")), len(rest))
+        # "--" before the script: torchrun's parser would read a script option like --n as an
+        # abbreviation of its own (--nnodes, --nproc-per-node, ...).
+        torchrun_main(["--standalone", *rest[:i], "--", *rest[i:]])
         return
     if not argv or not argv[0].endswith(".py"):
         raise SystemExit("usage: python -m slurm_elastic.train.run SCRIPT.py [ARGS...]")

@@ -160,14 +160,16 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
                 if steps < HOLD_AFTER or start < j["phase"]:
                     continue
                 if j["phase"] < len(PHASES) - 1:
+                    if j["phase"] == 1:  # the daemon has had the first start's report for a while
+                        st = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "status", "--json",
+                                             "--state-dir", str(state_dir)], env=c.env, capture_output=True,
+                                            text=True, timeout=60)
+                        j["status"] = [r for r in json.loads(st.stdout)["jobs"] if r["jobid"] == j["id"]]
                     j["phase"] += 1
                     subprocess.run(["/usr/bin/scontrol", "update", f"jobid={j['id']}",
                                     f"comment={spec(j['phase'], j['ckpt'])}"], env=c.env, check=True,
                                    capture_output=True, timeout=30)
                 elif not j["fast"]:
-                    st = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "status", "--json", "--state-dir",
-                                         str(state_dir)], env=c.env, capture_output=True, text=True, timeout=60)
-                    j["status"] = [r for r in json.loads(st.stdout)["jobs"] if r["jobid"] == j["id"]]
                     (j["out"] / "fast").touch()
                     j["fast"] = True
             time.sleep(1.0)
@@ -233,6 +235,7 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
               f"one-process run: max step-loss diff {ldiff:.1e}, max weight diff {wdiff:.1e}; status model "
               f"{row.get('model')!r}, noise scale {row.get('noise_scale')}")
         assert ldiff < tol and wdiff < tol, name
+        assert j["status"] is not None, name
         assert str(row.get("model", "")).startswith("fitted"), (name, row)
         assert row.get("noise_scale") is not None and row["noise_scale"] > 0, (name, row)
     print(f"four paths under the daemon: {elapsed:.0f} s")
