@@ -67,7 +67,7 @@ LIGHTNING_WORKER = textwrap.dedent(
             return i, self.X[i], self.Y[i]
 
     elastic = ElasticLightning(a.ckpt_dir, seed=7, lr_scaling=a.lr_scaling, timeout_s=90, throughput_warmup_steps=1,
-                               default_batch=24, base_batch=24)
+                               default_batch=24, base_batch=24, report_every_s=0.0)
     loop = elastic.loop
     seen = open(os.path.join(a.out_dir, f"seen.s{restart}.r{rank}.txt"), "a")
 
@@ -145,7 +145,7 @@ LOADER_WORKER = textwrap.dedent(
             return i, self.X[i], self.Y[i]
 
     job = ElasticJob.create(seed=7, lr_scaling="sqrt", base_batch=24, default_batch=24, clip_grad_norm=1.0, timeout_s=120,
-                            throughput_warmup_steps=1)
+                            throughput_warmup_steps=1, report_every_s=0.0)
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
@@ -216,7 +216,7 @@ HF_WORKER = textwrap.dedent(
             return {"input_ids": self.ids[i], "labels": self.ids[i], "idx": torch.tensor(i)}
 
     job = elastic_setup(a.ckpt_dir, seed=7, lr_scaling=a.lr_scaling, timeout_s=90, throughput_warmup_steps=1,
-                        default_batch=16, base_batch=a.base_batch)
+                        default_batch=16, base_batch=a.base_batch, report_every_s=0.0)
     torch.manual_seed(7)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))

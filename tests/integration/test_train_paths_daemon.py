@@ -35,7 +35,7 @@ from elastic_workers import HF_WORKER, LIGHTNING_WORKER, LOADER_WORKER, read_ste
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "elastic.sbatch"
-N, EPOCHS, HOLD_AFTER = 144, 2, 3
+N, EPOCHS, HOLD_AFTER = 144, 3, 3
 PHASES = ["min_gpus=2,max_gpus=2,min_batch=24,max_batch=24",
           "min_gpus=1,max_gpus=1,min_batch=36,max_batch=36",
           "min_gpus=3,max_gpus=4,min_batch=48,max_batch=48"]
@@ -79,7 +79,7 @@ def _reference_mlp(steps, n, clip):
         opt.param_groups[0]["lr"] = 0.02 * f
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, net.state_dict()
 
 
@@ -101,7 +101,7 @@ def _reference_hf(steps, n):
         opt.param_groups[0]["lr"] = 0.01 * f
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, model.state_dict()
 
 
@@ -160,18 +160,23 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
                 if steps < HOLD_AFTER or start < j["phase"]:
                     continue
                 if j["phase"] < len(PHASES) - 1:
-                    if j["phase"] == 1:  # the daemon has had the first start's report for a while
-                        st = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "status", "--json",
-                                             "--state-dir", str(state_dir)], env=c.env, capture_output=True,
-                                            text=True, timeout=60)
-                        j["status"] = [r for r in json.loads(st.stdout)["jobs"] if r["jobid"] == j["id"]]
                     j["phase"] += 1
                     subprocess.run(["/usr/bin/scontrol", "update", f"jobid={j['id']}",
                                     f"comment={spec(j['phase'], j['ckpt'])}"], env=c.env, check=True,
                                    capture_output=True, timeout=30)
                 elif not j["fast"]:
-                    (j["out"] / "fast").touch()
-                    j["fast"] = True
+                    # The last start has reported steps at its size (the workers write the report after every step);
+                    # status must show the daemon's fitted model and the job's noise scale. Then finish.
+                    st = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "status", "--json",
+                                         "--state-dir", str(state_dir)], env=c.env, capture_output=True,
+                                        text=True, timeout=60)
+                    j["status"] = [r for r in json.loads(st.stdout)["jobs"] if r["jobid"] == j["id"]][:1] or [{}]
+                    row = j["status"][0]
+                    j.setdefault("asked", time.monotonic())
+                    fitted = str(row.get("model", "")).startswith("fitted") and row.get("noise_scale")
+                    if fitted or time.monotonic() - j["asked"] > 60:
+                        (j["out"] / "fast").touch()
+                        j["fast"] = True
             time.sleep(1.0)
         elapsed = time.monotonic() - t0
     finally:
@@ -191,6 +196,7 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
     decisions = db.decisions()
     db.close()
     text = logs()
+    bad: list[str] = []
     for name, j in jobs.items():
         rec = c.backend.get_job(j["id"], include_finished=True)
         assert rec is not None and rec.state == "COMPLETED", (name, text)
@@ -234,8 +240,8 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
         print(f"{name}: job {j['id']}, starts (gpus, batch) {starts}, {len(steps)} steps; vs uninterrupted "
               f"one-process run: max step-loss diff {ldiff:.1e}, max weight diff {wdiff:.1e}; status model "
               f"{row.get('model')!r}, noise scale {row.get('noise_scale')}")
-        assert ldiff < tol and wdiff < tol, name
-        assert j["status"] is not None, name
-        assert str(row.get("model", "")).startswith("fitted"), (name, row)
-        assert row.get("noise_scale") is not None and row["noise_scale"] > 0, (name, row)
+        bad += [] if ldiff < tol and wdiff < tol else [f"{name}: loss/weights off the uninterrupted run"]
+        if not (str(row.get("model", "")).startswith("fitted") and (row.get("noise_scale") or 0) > 0):
+            bad.append(f"{name}: status showed no fitted model and noise scale: {row}")
+    assert not bad, bad
     print(f"four paths under the daemon: {elapsed:.0f} s")
