@@ -15,10 +15,11 @@ from pathlib import Path
 from test_train_ddp import LAUNCHER, Harness
 
 
-# Shared by the workers (pasted into each): with --hold-after K, a start trains K steps and then waits
-# inside its next step for the daemon's stop request (at most 120 s), so that every start of a
-# daemon-driven test trains a few steps whatever the daemon's reaction time; the file "fast" in the
-# output directory lifts the wait (the test's last phase).
+# Shared by the workers (pasted into each): with --hold-after K, a start trains K steps and then waits,
+# after the step (outside the library's step timing, so the throughput it reports stays true), for the
+# daemon's stop request (at most 120 s), which is then taken at the next step boundary; every start of
+# a daemon-driven test so trains a few steps whatever the daemon's reaction time. The file "fast" in
+# the output directory lifts the wait (the test's last phase).
 HOLD_FN = """
     def hold(job, n_this):
         import time
@@ -84,7 +85,6 @@ LIGHTNING_WORKER = textwrap.dedent(
             if k == 0:
                 if self.n_this == a.signal_after and rank == a.signal_rank:
                     os.kill(os.getpid(), signal.SIGUSR2)  # one rank, in the middle of a step
-                hold(elastic.job, self.n_this)
                 self.n_this += 1
                 self.rows = {"idx": [], "loss": 0.0}
             loss = F.cross_entropy(self.net(x), y)  # an ordinary mean loss
@@ -100,6 +100,7 @@ LIGHTNING_WORKER = textwrap.dedent(
                 seen.write(f"{job.epoch if job.offset else job.epoch - 1} {job.optimizer_steps - 1} "
                            f"{','.join(map(str, self.rows['idx']))} {self.last_factor} {self.rows['loss']}\\n")
                 seen.flush()
+                hold(job, self.n_this)
         def on_before_optimizer_step(self, optimizer):
             self.last_factor = elastic.job.lr_factor
         def configure_optimizers(self):
@@ -158,8 +159,6 @@ LOADER_WORKER = textwrap.dedent(
     for epoch in job.epochs(a.epochs):
         for idx, x, y in loader:
             tag = job.micro_tag
-            if tag.index == 0:
-                hold(job, n_this)
             opt.zero_grad()
             loss = F.cross_entropy(ddp(x), y)
             loss.backward()
@@ -172,6 +171,7 @@ LOADER_WORKER = textwrap.dedent(
                 seen.write(f"{tag.epoch} {before} {','.join(map(str, idx_step))} {factor} {loss_step}\\n")
                 seen.flush()
                 n_this, idx_step, loss_step = n_this + 1, [], 0.0
+                hold(job, n_this)
     job.finish()
     if job.rank == 0:
         torch.save(model.state_dict(), os.path.join(a.out_dir, "final.pt"))
@@ -227,7 +227,6 @@ HF_WORKER = textwrap.dedent(
         def on_pre_optimizer_step(self, args, state, control, **kw):
             if self.n_this == a.signal_after and rank == a.signal_rank:
                 os.kill(os.getpid(), signal.SIGUSR2)  # one rank, in the middle of a step
-            hold(job, self.n_this)
             self.n_this += 1
             self.factor = job.lr_factor
             if a.step_delay:
@@ -257,6 +256,7 @@ HF_WORKER = textwrap.dedent(
             seen.write(f"{j.epoch if j.offset else j.epoch - 1} {j.optimizer_steps - 1} {','.join(map(str, idx))} "
                        f"{rec.factor} {loss}\\n")
             seen.flush()
+            hold(j, rec.n_this)
 
     args = TrainingArguments(output_dir=os.path.join(a.out_dir, "hf"), num_train_epochs=a.epochs, learning_rate=0.01,
                              lr_scheduler_type="constant", max_grad_norm=1.0, report_to=[], save_strategy="no",

@@ -95,7 +95,9 @@ def _reference_hf(steps, n):
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.0)
     losses = []
     for idx, f in steps:
-        loss = model(input_ids=ids[idx], labels=ids[idx]).loss
+        # As the Trainer computes it: token losses summed over the batch, divided by num_items_in_batch
+        # (the Trainer counts the unshifted labels, 12 per sample, of which 11 are predicted).
+        loss = model(input_ids=ids[idx], labels=ids[idx], num_items_in_batch=ids[idx].numel()).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.param_groups[0]["lr"] = 0.01 * f
@@ -174,7 +176,7 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
                     row = j["status"][0]
                     j.setdefault("asked", time.monotonic())
                     fitted = str(row.get("model", "")).startswith("fitted") and row.get("noise_scale")
-                    if fitted or time.monotonic() - j["asked"] > 60:
+                    if fitted or time.monotonic() - j["asked"] > 30:
                         (j["out"] / "fast").touch()
                         j["fast"] = True
             time.sleep(1.0)
@@ -229,10 +231,10 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
 
         if name == "hf":
             ref_losses, ref_w = _reference_hf([(i, f) for i, f, _ in steps], N)
-            tol = 1e-4  # Adam's m / sqrt(v) magnifies reduction-order rounding of near-zero gradients
+            wtol = 3e-4  # Adam's m / sqrt(v) magnifies reduction-order rounding of near-zero gradients
         else:
             ref_losses, ref_w = _reference_mlp([(i, f) for i, f, _ in steps], N, clip=name != "lightning")
-            tol = 1e-5
+            wtol = 1e-5
         final = torch.load(j["out"] / "final.pt")
         ldiff = max(abs(a - b) for a, b in zip(ref_losses, [s[2] for s in steps], strict=True))
         wdiff = max(float((final[k] - ref_w[k]).abs().max()) for k in ref_w)
@@ -240,7 +242,7 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
         print(f"{name}: job {j['id']}, starts (gpus, batch) {starts}, {len(steps)} steps; vs uninterrupted "
               f"one-process run: max step-loss diff {ldiff:.1e}, max weight diff {wdiff:.1e}; status model "
               f"{row.get('model')!r}, noise scale {row.get('noise_scale')}")
-        bad += [] if ldiff < tol and wdiff < tol else [f"{name}: loss/weights off the uninterrupted run"]
+        bad += [] if ldiff < 1e-5 and wdiff < wtol else [f"{name}: loss/weights off the uninterrupted run"]
         if not (str(row.get("model", "")).startswith("fitted") and (row.get("noise_scale") or 0) > 0):
             bad.append(f"{name}: status showed no fitted model and noise scale: {row}")
     assert not bad, bad
