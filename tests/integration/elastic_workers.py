@@ -14,7 +14,6 @@ from pathlib import Path
 
 from test_train_ddp import LAUNCHER, Harness
 
-
 # Shared by the workers (pasted into each): with --hold-after K, a start trains K steps and then waits,
 # after the step (outside the library's step timing, so the throughput it reports stays true), for the
 # daemon's stop request (at most 120 s), which is then taken at the next step boundary; every start of
