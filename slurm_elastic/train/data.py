@@ -242,6 +242,8 @@ class EpochLoader:
                 raise TypeError(f"job.loader(): {k}= is set by slurm-elastic (the batch comes from the daemon)")
         self.job, self.dataset, self.shuffle, self.kwargs = job, dataset, shuffle, loader_kwargs
         self.iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if size is None and not hasattr(dataset, "__len__"):
+            raise TypeError("job.loader(): this dataset has no len(); give size= (samples per epoch)")
         self.size = int(size if size is not None else len(dataset))
 
     def __len__(self) -> int:
