@@ -1,4 +1,4 @@
-"""A plain DDP script with a DataLoader (the "before" of docs/ELASTIC-SCRIPT.md; run with torchrun)."""
+# A DDP script with a DataLoader: docs/ELASTIC-SCRIPT.md shows its diff to examples/ddp_elastic.py.
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -73,8 +73,11 @@ def _ckpt_dir(job_id: str, comment: str | None) -> str:
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--srun", "srun_bin", default="srun", show_default=True, help="The srun to start the tasks with.")
+@click.option("--torchrun", "use_torchrun", is_flag=True, envvar="ELASTIC_TORCHRUN",
+              help="One torchrun agent per node (one worker per GPU) instead of one srun task per GPU; "
+                   "single-node starts only.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def launch(srun_bin, command):
+def launch(srun_bin, use_torchrun, command):
     """Start the tasks of one start of an elastic job (run in the batch script; see sbatch_templates/)."""
     env = os.environ
     job_id = env.get("SLURM_JOB_ID")
@@ -104,8 +107,15 @@ def launch(srun_bin, command):
     ckpt = os.environ["ELASTIC_CKPT_DIR"]
     os.makedirs(ckpt, exist_ok=True)
     cmd = list(command)
-    if cmd[0].endswith(".py"):
-        cmd = [env.get("ELASTIC_PYTHON") or sys.executable, *cmd]
+    python = env.get("ELASTIC_PYTHON") or sys.executable
+    if use_torchrun:
+        if not cmd[0].endswith(".py"):
+            raise click.ClickException("--torchrun runs a Python script: launch --torchrun train.py ARGS")
+        # The agent ignores USR2 (its default action would end the step); the workers handle it.
+        cmd = [python, "-m", "slurm_elastic.train.run", "--torchrun", f"--nproc-per-node={gpus_on_node(env)}", *cmd]
+    elif cmd[0].endswith(".py"):
+        # Through the runner: the stop handler is in place before the script's slow imports.
+        cmd = [python, "-m", "slurm_elastic.train.run", *cmd]
 
     if rec is not None and is_elastic_comment(comment):
         try:
@@ -118,6 +128,11 @@ def launch(srun_bin, command):
                 "batch= until the daemon resizes it")
 
     nodes, ntasks, srun_args = task_layout(env)
+    if use_torchrun:
+        if nodes != 1:
+            raise click.ClickException(f"--torchrun supports single-node starts; this start has {nodes} nodes "
+                                       "(use max_gpus <= GPUs per node in the spec, or one task per GPU)")
+        srun_args = ["--ntasks=1", "--ntasks-per-node=1", "--overcommit"]
     say(f"start {restart} on {nodes} node(s) x {ntasks // max(1, nodes)} GPU(s) = {ntasks} tasks "
         f"({env.get('SLURM_JOB_NODELIST', '?')}) at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
     proc: list[subprocess.Popen] = []

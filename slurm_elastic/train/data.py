@@ -45,6 +45,7 @@ class MicroTag:
     index: int  # micro-batch index within the step on this rank
     last: bool
     factor: float  # multiply a mean loss's gradient by this (0 for a placeholder)
+    samples: int = 0  # real samples in the micro-batch (0 for a placeholder)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def iter_micro(p: PlanParams) -> Iterator[tuple[torch.Tensor, MicroTag]]:
             k = len(plan.micro_batches)
             for i, mb in enumerate(plan.micro_batches):
                 f = 0.0 if mb.dummy else len(mb) * mb.scale
-                yield mb.indices, MicroTag(epoch, offset, plan.count, i, i == k - 1, f)
+                yield mb.indices, MicroTag(epoch, offset, plan.count, i, i == k - 1, f, 0 if mb.dummy else len(mb))
             offset += plan.count
         epoch, offset = epoch + 1, 0
 
@@ -209,18 +210,60 @@ def elastic_batches(job, loader) -> Iterator:
                 tag, batch = item.tag, item.batch
             if tag.index == 0:
                 state.begin_step(tag, flag_t)
-            state.tag = tag
+            state.begin_micro(tag)
             if job.ddp is not None:
                 job.ddp.require_backward_grad_sync = tag.last
             yield batch
             if tag.last and not state.stepped:
-                raise RuntimeError("call opt.step() once per loader item (it is a no-op while accumulating)")
+                raise RuntimeError("call opt.step() (or scaler.step(opt)) once per loader item "
+                                   "(it is a no-op while accumulating)")
         state.tag = None
     finally:
         hook.remove()
         state.unpatch_optimizer()
+        job.micro_tag = None
         if job.ddp is not None:
             job.ddp.require_backward_grad_sync = True
+        if job.noise is not None:
+            job.noise.discard()
+
+
+class EpochLoader:
+    """``job.loader(dataset, **DataLoader kwargs)``: one data epoch per ``iter()``, from the job's position.
+
+    Used as ``for epoch in job.epochs(E): for x, y in loader: ...``, the loop of an ordinary script:
+    each ``iter()`` builds a ``DataLoader`` over the rest of the current epoch (elastic batch sampler
+    for a map-style dataset, :class:`ElasticIterableDataset` for an iterable one) and iterates it
+    through :func:`elastic_batches`. ``batch_size``/``shuffle``/``sampler`` are the library's."""
+
+    def __init__(self, job, dataset, *, shuffle: bool = True, size: int | None = None, **loader_kwargs):
+        for k in ("batch_size", "sampler", "batch_sampler", "drop_last"):
+            if k in loader_kwargs:
+                raise TypeError(f"job.loader(): {k}= is set by slurm-elastic (the batch comes from the daemon)")
+        self.job, self.dataset, self.shuffle, self.kwargs = job, dataset, shuffle, loader_kwargs
+        self.iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if size is None and not hasattr(dataset, "__len__"):
+            raise TypeError("job.loader(): this dataset has no len(); give size= (samples per epoch)")
+        self.size = int(size if size is not None else len(dataset))
+
+    def __len__(self) -> int:
+        """Micro-batches left in the current epoch on this rank (an upper bound at an uneven tail)."""
+        a = self.job.assignment
+        left = self.size - self.job.offset
+        return max(0, -(-left // a.global_batch)) * a.accum
+
+    def __iter__(self) -> Iterator:
+        job = self.job
+        end = job.epoch + 1
+        kw = dict(self.kwargs)
+        if self.iterable:
+            collate = kw.pop("collate_fn", None)
+            ds = ElasticIterableDataset(job, self.dataset, end, size=self.size, collate_fn=collate)
+            loader = torch.utils.data.DataLoader(ds, batch_size=None, **kw)
+        else:
+            loader = torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=ElasticBatchSampler(job, self.size, end, shuffle=self.shuffle), **kw)
+        return elastic_batches(job, loader)
 
 
 class _LoopState:
@@ -233,6 +276,9 @@ class _LoopState:
         self.backward_seen = False
         self.t0 = 0.0
         self._orig = None
+        self._orig_scaler = None
+        self.micro_done = False
+        self.in_step = False
 
     # gradient scale for mean losses --------------------------------------------------------------
     def forward_hook(self, module, inputs, output):  # noqa: ARG002 - torch hook signature
@@ -286,20 +332,53 @@ class _LoopState:
         job._count_step(tag.count, time.perf_counter() - self.t0)
         self.stepped = True
 
-    # the user's optimizer -------------------------------------------------------------------------
+    # the user's optimizer (and AMP scaler) -----------------------------------------------------------
+    def begin_micro(self, tag: MicroTag) -> None:
+        self.tag = tag
+        self.job.micro_tag = tag
+        self.micro_done = False
+        noise = self.job.noise
+        if noise is not None:
+            if tag.index == 0:
+                noise.active = self.job.optimizer_steps % self.job.noise_every == 0
+            noise.begin_micro()
+
+    def end_micro(self) -> None:
+        """The loop body called ``opt.step()`` / ``scaler.step(opt)``: this micro-batch's backward is done."""
+        if self.micro_done:
+            return
+        self.micro_done = True
+        noise, tag = self.job.noise, self.tag
+        if noise is not None and noise.active and tag.samples > 0:
+            # The output hook made the gradient factor x (micro-batch mean), i.e. the sum convention with
+            # scale = factor / samples (see .noise).
+            noise.end_micro(tag.samples, tag.factor / tag.samples, self.job._loss_scale())
+
+    def real_step(self, step_fn) -> bool:
+        """At the user's step call: True if this was the step's last micro-batch (the real step ran)."""
+        tag = self.tag
+        self.end_micro()
+        if not tag.last or self.stepped:
+            return False  # accumulating (or a second call for the same step)
+        self.in_step = True
+        try:
+            self.job._optimizer_step(tag.count, step_fn=step_fn)
+        finally:
+            self.in_step = False
+        self.end_step()
+        return True
+
     def patch_optimizer(self) -> None:
-        opt = self.job.optimizer
+        job = self.job
+        opt = job.optimizer
+        self.in_step = False
         self._orig = (opt.__dict__.get("step"), opt.__dict__.get("zero_grad"))
         orig_step, orig_zero = opt.step, opt.zero_grad
 
         def step(*args, **kwargs):
-            tag = self.tag
-            if tag is None:
+            if self.tag is None or self.in_step:
                 return orig_step(*args, **kwargs)
-            if not tag.last or self.stepped:
-                return None  # accumulating (or a second call for the same step)
-            self.job._optimizer_step(step_fn=lambda: orig_step(*args, **kwargs))
-            self.end_step()
+            self.real_step(lambda: orig_step(*args, **kwargs))
             return None
 
         def zero_grad(*args, **kwargs):
@@ -312,6 +391,28 @@ class _LoopState:
 
         opt.step = step
         opt.zero_grad = zero_grad
+        scaler = job.scaler
+        self._orig_scaler = None
+        if scaler is not None:
+            # ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`` in the loop body:
+            # step and update wait for the last micro-batch (unscaling a partial gradient would mix
+            # scaled and unscaled parts); the library's step unscales once, clips, steps, updates.
+            self._orig_scaler = (scaler.__dict__.get("step"), scaler.__dict__.get("update"))
+            orig_sstep, orig_update = scaler.step, scaler.update
+
+            def sstep(optimizer, *args, **kwargs):
+                if self.tag is None or self.in_step or optimizer is not opt:
+                    return orig_sstep(optimizer, *args, **kwargs)
+                self.real_step(None)  # job._optimizer_step with the registered scaler: step + update
+                return None
+
+            def update(*args, **kwargs):
+                if self.tag is None or self.in_step:
+                    return orig_update(*args, **kwargs)
+                return None  # done by the library's step
+
+            scaler.step = sstep
+            scaler.update = update
 
     def unpatch_optimizer(self) -> None:
         opt = self.job.optimizer
@@ -320,4 +421,9 @@ class _LoopState:
                 opt.__dict__.pop(name, None)
             else:
                 opt.__dict__[name] = old
-
+        if self._orig_scaler is not None:
+            for name, old in zip(("step", "update"), self._orig_scaler, strict=True):
+                if old is None:
+                    self.job.scaler.__dict__.pop(name, None)
+                else:
+                    self.job.scaler.__dict__[name] = old

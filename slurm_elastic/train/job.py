@@ -193,6 +193,7 @@ class ElasticJob:
         self.samples_seen = 0
         self.optimizer_steps = 0
         self.dataset_size: int | None = None
+        self.micro_tag = None  # the DataLoader path's current micro-batch (data.MicroTag: epoch, samples, ...)
         self.history: list[dict] = []
         self.lr: LRScaler | None = None
         self.restored_from: Path | None = None
@@ -207,6 +208,20 @@ class ElasticJob:
         self._requested_batch: int | None = None
         self._lock_fd: int | None = None
         self.lock_wait_s = lock_wait_s
+
+    @classmethod
+    def create(cls, ckpt_dir: str | os.PathLike | None = None, **kwargs) -> ElasticJob:
+        """``ElasticJob(...)`` and :meth:`setup` in one call (process group, this start's batch).
+
+        Outside Slurm and without ``ELASTIC_CKPT_DIR`` the checkpoint directory is ``./elastic-ckpt``
+        (a laptop or torchrun run; running the same command again continues from it)."""
+        env = kwargs.get("env")
+        env = os.environ if env is None else env
+        if ckpt_dir is None and not env.get("ELASTIC_CKPT_DIR") and not env.get("SLURM_JOB_ID"):
+            ckpt_dir = "elastic-ckpt"
+        job = cls(ckpt_dir, **kwargs)
+        job.setup()
+        return job
 
     # ---------------------------------------------------------------- setup
     @property
@@ -461,6 +476,37 @@ class ElasticJob:
         from .data import elastic_batches
 
         return elastic_batches(self, loader)
+
+    def prepare(self, model: torch.nn.Module, optimizer, *, scheduler=None, scaler=None,
+                **ddp_kwargs) -> torch.nn.Module:
+        """:meth:`wrap`, :meth:`register` and :meth:`restore` in one call; returns the DDP model.
+
+        After it the model and optimizer hold the checkpoint's state (if any) and the job its position;
+        iterate :meth:`loader` inside :meth:`epochs`. An AMP ``scaler`` registered here is stepped and
+        updated by the library once per global step (see docs/ELASTIC-SCRIPT.md)."""
+        ddp = self.wrap(model, **ddp_kwargs)
+        self.register(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+        self.restore()
+        return ddp
+
+    def loader(self, dataset, *, shuffle: bool = True, size: int | None = None, **loader_kwargs):
+        """An epoch loader over ``dataset`` (map-style or iterable; any ``DataLoader`` keyword except the
+        batch and sampler ones): each ``iter()`` gives this rank's micro-batches of the rest of the
+        current epoch, with mean-loss gradient scaling, accumulation and stop handling (see .data)."""
+        from .data import EpochLoader
+
+        return EpochLoader(self, dataset, shuffle=shuffle, size=size, **loader_kwargs)
+
+    def epochs(self, epochs: int) -> Iterator[int]:
+        """The data epochs still to train, from the resumed one to ``epochs - 1``; iterate the
+        :meth:`loader` once inside each. A stop request exits with 75 from inside the loader."""
+        if self.assignment is None or self.lr is None:
+            raise RuntimeError("call prepare() (or setup() and restore()) before epochs()")
+        while self.epoch < epochs:
+            e = self.epoch
+            yield e
+            if self.epoch == e:
+                raise RuntimeError(f"epoch {e} did not advance: iterate the job's loader once per epoch")
 
     def _agree(self, flag_t: torch.Tensor) -> tuple[bool, bool]:
         due = False

@@ -14,6 +14,22 @@ from pathlib import Path
 
 from test_train_ddp import LAUNCHER, Harness
 
+# Shared by the workers (pasted into each): with --hold-after K, a start trains K steps and then waits,
+# after the step (outside the library's step timing, so the throughput it reports stays true), for the
+# daemon's stop request (at most 120 s), which is then taken at the next step boundary; every start of
+# a daemon-driven test so trains a few steps whatever the daemon's reaction time. The file "fast" in
+# the output directory lifts the wait (the test's last phase).
+HOLD_FN = """
+    def hold(job, n_this):
+        import time
+        if a.hold_after < 0 or n_this < a.hold_after:
+            return
+        deadline = time.monotonic() + 120
+        while (time.monotonic() < deadline and not job.flag.is_set()
+               and not os.path.exists(os.path.join(a.out_dir, "fast"))):
+            time.sleep(0.2)
+"""
+
 LIGHTNING_WORKER = textwrap.dedent(
     '''
     import argparse, os, signal, sys
@@ -34,9 +50,11 @@ LIGHTNING_WORKER = textwrap.dedent(
     p.add_argument("--lr-scaling", default="none")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--hold-after", type=int, default=-1)
     a = p.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    HOLD = HOLD_SRC
 
     class DS(torch.utils.data.Dataset):
         def __init__(self, n):
@@ -49,7 +67,7 @@ LIGHTNING_WORKER = textwrap.dedent(
             return i, self.X[i], self.Y[i]
 
     elastic = ElasticLightning(a.ckpt_dir, seed=7, lr_scaling=a.lr_scaling, timeout_s=90, throughput_warmup_steps=1,
-                               default_batch=24)
+                               default_batch=24, base_batch=24, report_every_s=0.0)
     loop = elastic.loop
     seen = open(os.path.join(a.out_dir, f"seen.s{restart}.r{rank}.txt"), "a")
 
@@ -81,6 +99,7 @@ LIGHTNING_WORKER = textwrap.dedent(
                 seen.write(f"{job.epoch if job.offset else job.epoch - 1} {job.optimizer_steps - 1} "
                            f"{','.join(map(str, self.rows['idx']))} {self.last_factor} {self.rows['loss']}\\n")
                 seen.flush()
+                hold(job, self.n_this)
         def on_before_optimizer_step(self, optimizer):
             self.last_factor = elastic.job.lr_factor
         def configure_optimizers(self):
@@ -93,7 +112,70 @@ LIGHTNING_WORKER = textwrap.dedent(
     if rank == 0:
         torch.save(model.net.state_dict(), os.path.join(a.out_dir, "final.pt"))
     '''
-)
+).replace("HOLD = HOLD_SRC\n", textwrap.dedent(HOLD_FN))
+
+# The plain-PyTorch path of docs/ELASTIC-SCRIPT.md (ElasticJob.create / prepare / loader / epochs, an
+# ordinary mean loss, a DataLoader with workers), the same network, data and optimizer as the Lightning
+# worker plus gradient clipping by the library; run under srun (one task per GPU) or torchrun.
+LOADER_WORKER = textwrap.dedent(
+    '''
+    import argparse, os
+    from slurm_elastic.train import ElasticJob
+    import torch
+    import torch.nn.functional as F
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--n", type=int, default=144)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--hold-after", type=int, default=-1)
+    a = p.parse_args()
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    HOLD = HOLD_SRC
+
+    class DS(torch.utils.data.Dataset):
+        def __init__(self, n):
+            g = torch.Generator().manual_seed(1234)
+            self.X = torch.randn(n, 8, generator=g)
+            self.Y = (self.X @ torch.randn(8, 3, generator=g)).argmax(1)
+        def __len__(self):
+            return len(self.X)
+        def __getitem__(self, i):
+            return i, self.X[i], self.Y[i]
+
+    job = ElasticJob.create(seed=7, lr_scaling="sqrt", base_batch=24, default_batch=24, clip_grad_norm=1.0, timeout_s=120,
+                            throughput_warmup_steps=1, report_every_s=0.0)
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
+    ddp = job.prepare(model, opt)
+    loader = job.loader(DS(a.n), num_workers=a.num_workers)
+    seen = open(os.path.join(a.out_dir, f"seen.s{restart}.r{job.rank}.txt"), "a")
+    print(f"worker rank {job.rank} of {job.world_size} via {job.senv.launcher}, {a.num_workers} loader workers",
+          flush=True)
+    n_this, idx_step, loss_step = 0, [], 0.0
+    for epoch in job.epochs(a.epochs):
+        for idx, x, y in loader:
+            tag = job.micro_tag
+            opt.zero_grad()
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            if tag.samples:
+                idx_step += idx.tolist()
+                loss_step += float(loss.detach()) * len(idx)
+            factor, before = job.lr_factor, job.optimizer_steps
+            opt.step()
+            if job.optimizer_steps != before:
+                seen.write(f"{tag.epoch} {before} {','.join(map(str, idx_step))} {factor} {loss_step}\\n")
+                seen.flush()
+                n_this, idx_step, loss_step = n_this + 1, [], 0.0
+                hold(job, n_this)
+    job.finish()
+    if job.rank == 0:
+        torch.save(model.state_dict(), os.path.join(a.out_dir, "final.pt"))
+    '''
+).replace("HOLD = HOLD_SRC\n", textwrap.dedent(HOLD_FN))
 
 HF_WORKER = textwrap.dedent(
     '''
@@ -110,15 +192,18 @@ HF_WORKER = textwrap.dedent(
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--n", type=int, default=96)
+    p.add_argument("--base-batch", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--signal-after", type=int, default=-1)
     p.add_argument("--signal-rank", type=int, default=0)
     p.add_argument("--lr-scaling", default="none")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--hold-after", type=int, default=-1)
     a = p.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    HOLD = HOLD_SRC
 
     class DS(torch.utils.data.Dataset):
         def __init__(self, n):
@@ -130,7 +215,7 @@ HF_WORKER = textwrap.dedent(
             return {"input_ids": self.ids[i], "labels": self.ids[i], "idx": torch.tensor(i)}
 
     job = elastic_setup(a.ckpt_dir, seed=7, lr_scaling=a.lr_scaling, timeout_s=90, throughput_warmup_steps=1,
-                        default_batch=16)
+                        default_batch=16, base_batch=a.base_batch, report_every_s=0.0)
     torch.manual_seed(7)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
@@ -170,6 +255,7 @@ HF_WORKER = textwrap.dedent(
             seen.write(f"{j.epoch if j.offset else j.epoch - 1} {j.optimizer_steps - 1} {','.join(map(str, idx))} "
                        f"{rec.factor} {loss}\\n")
             seen.flush()
+            hold(j, rec.n_this)
 
     args = TrainingArguments(output_dir=os.path.join(a.out_dir, "hf"), num_train_epochs=a.epochs, learning_rate=0.01,
                              lr_scheduler_type="constant", max_grad_norm=1.0, report_to=[], save_strategy="no",
@@ -182,7 +268,7 @@ HF_WORKER = textwrap.dedent(
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(a.out_dir, "final.pt"))
     '''
-)
+).replace("HOLD = HOLD_SRC\n", textwrap.dedent(HOLD_FN))
 
 
 class FrameworkHarness(Harness):

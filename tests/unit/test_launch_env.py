@@ -64,3 +64,23 @@ def test_resubmit_hint_pins_the_checkpoint_dir_and_stays_a_valid_spec():
     hint = resubmit_hint(spec, "/s/42")
     assert hint.endswith(",ckpt_dir=/s/42") and hint.count("ckpt_dir") == 1
     assert parse_spec(hint).checkpoint_dir(43) == "/s/42"
+
+
+def test_runner_installs_the_stop_handler_before_the_script_runs(tmp_path):
+    """What `launch` starts under srun: the script sees its own argv and directory, and a USR2 that
+    arrives before it imports anything is kept as a stop request instead of killing the task."""
+    import subprocess
+    import sys
+
+    (tmp_path / "helper.py").write_text("VALUE = 7\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import helper\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "from slurm_elastic.train.signals import install_stop_handler\n"
+        "print(helper.VALUE, sys.argv[1:], install_stop_handler().is_set(), __name__)\n")
+    r = subprocess.run([sys.executable, "-m", "slurm_elastic.train.run", str(script), "--n", "3"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["7", "['--n',", "'3']", "True", "__main__"]

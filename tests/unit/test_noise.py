@@ -176,3 +176,72 @@ def test_elastic_job_measures_and_reports_the_noise_scale_through_its_step_path(
     rep = read_report(tmp_path / "ck")
     assert rep["noise_scale"] == pytest.approx(est) and rep["base_batch"] == 64
     job._teardown()
+
+
+def _one_process_job(tmp_path, name):
+    from slurm_elastic.train import ElasticJob
+
+    env = {"MASTER_ADDR": "127.0.0.1", "SLURM_ELASTIC_BACKEND": "gloo"}
+    job = ElasticJob(tmp_path / name, default_batch=64, max_local_batch=16, env=env, verbose=False,
+                     noise_smoothing=0.95, report_every_s=0.0)
+    job.setup()
+    lin = torch.nn.Linear(D, 1, bias=False).double()
+    torch.nn.init.zeros_(lin.weight)
+    return job, lin
+
+
+def test_dataloader_path_with_a_mean_loss_finds_the_true_noise_scale(tmp_path):
+    """The DataLoader path (job.prepare / job.loader, an ordinary *mean* loss, batch 64 = 4 x 16
+    accumulation): the library feeds the estimator itself and reports it."""
+    from slurm_elastic.train.protocol import read_report
+
+    v, truth = dataset(sigma=1.0)
+    job, lin = _one_process_job(tmp_path, "ck")
+    opt = torch.optim.SGD(lin.parameters(), lr=0.0)
+    ddp = job.prepare(lin, opt)
+    loader = job.loader(torch.utils.data.TensorDataset(v))
+    for (x,) in loader:
+        opt.zero_grad()
+        ddp(x).mean().backward()
+        opt.step()
+        if job.optimizer_steps >= 300:
+            break
+    est = job.noise.noise_scale
+    print(f"DataLoader path, 1 rank x accum 4, mean loss: true noise scale {truth:.2f}, estimated {est:.2f}")
+    assert est == pytest.approx(truth, rel=0.25)
+    job.checkpoint()
+    assert read_report(tmp_path / "ck")["noise_scale"] == pytest.approx(est)
+    job._teardown()
+
+
+def test_framework_loop_finds_the_true_noise_scale(tmp_path):
+    """ExternalLoop (what the Lightning and HF integrations drive) fed the way Lightning feeds it: the
+    micro-batch mean loss divided by accum times loss_factor, noise_begin/noise_end around backward."""
+    from slurm_elastic.train.integrations.loop import ExternalLoop, FrameworkBatchSampler
+
+    v, truth = dataset(sigma=1.0)
+    job, lin = _one_process_job(tmp_path, "fw")
+    opt = torch.optim.SGD(lin.parameters(), lr=0.0)
+    loop = ExternalLoop(job)
+    loop.set_dataset(N)
+    loop.restore(model=lin, optimizer=opt, epochs=1)
+    assert loop.accum == 4
+    for idx in FrameworkBatchSampler(loop):
+        if loop.plan is None:
+            loop.step_begin()
+        loss = lin(v[idx]).mean() / loop.accum * loop.loss_factor(loop.micro)
+        loop.noise_begin()
+        loss.backward()
+        loop.noise_end()
+        loop.micro += 1
+        if loop.micro == loop.accum:
+            opt.step()
+            opt.zero_grad()
+            loop.step_end()
+            if job.optimizer_steps >= 300:
+                break
+    est = job.noise.noise_scale
+    print(f"framework loop, 1 rank x accum 4: true noise scale {truth:.2f}, estimated {est:.2f}")
+    assert est == pytest.approx(truth, rel=0.25)
+    loop.remove_hooks()
+    job._teardown()

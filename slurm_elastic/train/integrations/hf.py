@@ -116,8 +116,12 @@ class ElasticTrainer(Trainer):
         if loop.plan is None:
             loop.step_begin()  # a stop request checkpoints here and exits with 75
         self._elastic_num_items = num_items_in_batch
+        loop.noise_begin()
         try:
-            return super().training_step(model, inputs, num_items_in_batch)
+            out = super().training_step(model, inputs, num_items_in_batch)
+            scaler = getattr(self.accelerator, "scaler", None)
+            loop.noise_end(float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0)
+            return out
         finally:
             loop.micro += 1
 

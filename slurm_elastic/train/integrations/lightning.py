@@ -96,11 +96,16 @@ class ElasticDDPStrategy(DDPStrategy):
 
     def backward(self, closure_loss, optimizer, *args: Any, **kwargs: Any):
         loop = self.elastic.loop
-        if loop.plan is not None and self.lightning_module.automatic_optimization:
-            f = loop.loss_factor(loop.micro)
-            if f != 1.0:
-                closure_loss = closure_loss * f
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
+        if loop.plan is None or not self.lightning_module.automatic_optimization:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        f = loop.loss_factor(loop.micro)
+        if f != 1.0:
+            closure_loss = closure_loss * f
+        loop.noise_begin()
+        out = super().backward(closure_loss, optimizer, *args, **kwargs)
+        scaler = getattr(self.precision_plugin, "scaler", None)
+        loop.noise_end(float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0)
+        return out
 
 
 class ElasticCallback(Callback):

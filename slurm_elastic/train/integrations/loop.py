@@ -14,7 +14,10 @@ pieces of ``job.steps()`` are handed to them separately:
   when all micro-batches are equal, 0 for a placeholder);
 * optimizer step hooks (``register_step_pre_hook`` / ``register_step_post_hook``) that apply the
   library's lr factor (lr.py rule x ``lr_schedule(samples)``) for the step only;
-* :meth:`step_end` after the optimizer step: advances the sample offset, samples seen, steps, epoch.
+* :meth:`step_end` after the optimizer step: advances the sample offset, samples seen, steps, epoch;
+* :meth:`noise_begin` / :meth:`noise_end` around each micro-batch's backward: the gradient noise scale
+  (:mod:`..noise`) from the per-replica micro-batch gradients and the all-reduced step gradient, as in
+  ``job.steps()``, so the daemon learns ``efficiency(batch)`` from framework jobs too.
 
 The position is derived from the job's state alone, never from what the DataLoader prefetched.
 """
@@ -89,6 +92,8 @@ class ExternalLoop:
             self.job.dataset_size = self.dataset_size
         self._hooks = [optimizer.register_step_pre_hook(self._pre_step),
                        optimizer.register_step_post_hook(self._post_step)]
+        if self.job.noise is not None:
+            self.job.noise.attach(model)
         return found
 
     @property
@@ -112,6 +117,8 @@ class ExternalLoop:
             self._t0 = time.perf_counter()
         self.plan = self.plan_at(job.epoch, job.offset)
         self.micro = 0
+        if job.noise is not None:
+            job.noise.active = job.optimizer_steps % job.noise_every == 0
 
     def loss_factor(self, k: int, *, normalized_globally: bool = False) -> float:
         """Multiplier for micro-batch ``k``'s loss.
@@ -126,6 +133,30 @@ class ExternalLoop:
         if normalized_globally:
             return 0.0 if n_k == 0 else 1.0
         return self.job.world_size * n_k * self.accum / plan.count
+
+    # ------------------------------------------------------------ noise scale
+    def noise_begin(self) -> None:
+        """Before micro-batch :attr:`micro`'s backward."""
+        if self.job.noise is not None and self.plan is not None:
+            self.job.noise.begin_micro()
+
+    def noise_end(self, loss_scale: float = 1.0) -> None:
+        """After micro-batch :attr:`micro`'s backward (every rank). The framework's gradient of micro-batch
+        ``k`` is ``world * n_k / count`` times its mean gradient (see :meth:`loss_factor`), which is the
+        library's sum convention with ``scale = world / count``. After the step's last micro-batch the
+        gradient is all-reduced and not yet clipped: fold the step in (one 3-scalar all-reduce)."""
+        noise, plan, job = self.job.noise, self.plan, self.job
+        if noise is None or plan is None:
+            return
+        if not noise.active:
+            noise.discard()
+            return
+        n_k = int(self.micro_batches(plan)[self.micro][1])
+        noise.end_micro(n_k, job.world_size / plan.count, loss_scale)
+        if self.micro == self.accum - 1:
+            params = [p for p in job.model.parameters() if p.requires_grad]
+            noise.step(params, job.assignment.global_batch, plan.count, job.device, loss_scale)
+            job.lr.noise_scale = noise.noise_scale
 
     def step_end(self) -> None:
         """After the optimizer step (all ranks): advance the global position by the step's samples."""
