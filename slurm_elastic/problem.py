@@ -45,7 +45,16 @@ from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord, NodeRecord
 from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
-from slurm_elastic.policies.base import AllocationProblem, JobRequest
+from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
+from slurm_elastic.pools import (
+    ElasticOnNode,
+    NodePool,
+    Reservations,
+    allowed_pools,
+    group_pools,
+    reserve_rigid,
+    rigid_demand,
+)
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.spec import (
     Decision,
@@ -58,6 +67,27 @@ from slurm_elastic.spec import (
 )
 
 ModelFor = Callable[[JobRecord, ElasticSpec], ThroughputModel]
+# A job's model on another GPU type: (record, spec, its model, GPU type) -> model, or None: no data
+ModelForType = Callable[[JobRecord, ElasticSpec, ThroughputModel, str], "ThroughputModel | None"]
+
+
+def gavel_model_for_type(record: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str):
+    """The default per-type rule: a job on a Gavel table (``profile=gavel.<gpu>.<model>``, or a learned
+    model over one) runs on another Gavel GPU type (k80, p100, v100) at that type's table; anything else
+    has no per-type data (None: the allocator uses its model unscaled and says so)."""
+    from slurm_elastic.profiles.gavel import GAVEL_GPUS, GavelModel, gavel_model
+
+    base = model
+    for _ in range(3):
+        if isinstance(base, GavelModel):
+            break
+        base = getattr(base, "inner", None)
+    t = gpu_type.lower()
+    if not isinstance(base, GavelModel) or t not in GAVEL_GPUS:
+        return None
+    if t == base.gpu:
+        return model
+    return gavel_model(t, base.model)
 
 
 @dataclass(frozen=True)
@@ -89,6 +119,11 @@ class Snapshot:
     decisions: Mapping[int, Decision] = field(default_factory=dict)
     node_free: Mapping[str, int] = field(default_factory=dict)  # free GPUs per managed node, now
     unmanaged: Mapping[int, str] = field(default_factory=dict)  # elastic jobs left alone -> why
+    # Issue 13: the pools (pools.NodePool, in problem order), and the GPUs kept free for pending rigid
+    # jobs (pools.Reservations: per node, per rigid job, and those that wait, with the reason).
+    pools: tuple[NodePool, ...] = ()
+    reservations: Reservations = field(default_factory=Reservations)
+    partitions_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # elastic job -> its partitions
 
 
 class SpecCache:
@@ -207,6 +242,7 @@ def build_problem(
     spec_cache: SpecCache | None = None,
     job_info: JobInfoFor | None = None,
     left_alone: Mapping[int, str] | None = None,
+    model_for_type: ModelForType | None = gavel_model_for_type,
 ) -> Snapshot:
     """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
     ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known;
@@ -220,6 +256,11 @@ def build_problem(
 
     managed = [n for n in nodes if n.usable and (parts is None or set(n.partitions) & parts)]
     managed_names = {n.name for n in managed}
+    node_pools = group_pools(managed)
+    pool_of_node = {n: p.name for p in node_pools for n in p.nodes}
+    allowed: dict[int, tuple[str, ...]] = {}
+    pinned: dict[int, str] = {}
+    rigid: list[JobRecord] = []
     size = node_size or node_size_of(managed)
     managed_gpus = sum(n.gpus_total for n in managed)
 
@@ -243,11 +284,17 @@ def build_problem(
             is_el = False
         if is_el:
             try:
-                specs[r.job_id] = cache.get(r.comment, r.job_id, size)
+                spec = cache.get(r.comment, r.job_id, size)
+                where = _job_pools(r, node_pools, pool_of_node, managed_names)
+                allowed[r.job_id], pinned[r.job_id] = where
+                specs[r.job_id] = spec
                 elastic.append(r)
                 continue
             except SpecError as e:
                 errors[r.job_id] = e
+        elif (r.is_pending and not r.held and managed_partition(r.partition) and not is_elastic_comment(r.comment)
+              and (r.gpus_total > 0 or r.gpus_per_node > 0)):
+            rigid.append(r)
         if r.is_running and r.gpus_total > 0:
             on = [n for n in r.nodes if n in managed_names]
             if r.nodes and not on:
@@ -264,6 +311,7 @@ def build_problem(
     capacity = managed_gpus - non_elastic_gpus
 
     elastic.sort(key=_priority_key)
+    rigid.sort(key=_priority_key)
     reqs: list[JobRequest] = []
     views: list[JobView] = []
     decisions: dict[int, Decision] = {}
@@ -340,7 +388,16 @@ def build_problem(
         reqs.append(_with_info(req, r, job_info))
         views.append(view)
 
-    if non_elastic_per_node:
+    node_cap = {n.name: max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed}
+    res = _reserve(rigid, node_pools, managed, node_cap, reqs, pinned, errors)
+    if res.by_node:
+        reserved = sum(res.by_node.values())
+        capacity -= reserved
+        node_cap = {n: max(0, c - res.by_node.get(n, 0)) for n, c in node_cap.items()}
+    reqs = _pool_requests(reqs, res, allowed, pinned, node_pools, elastic, model_for_type, now, size, capacity)
+    if res.by_node:
+        free_per_node = tuple(node_cap[n.name] for n in managed) or None
+    elif non_elastic_per_node:
         free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None
     else:
         free_per_node = tuple(n.gpus_total for n in managed) or None
@@ -351,7 +408,9 @@ def build_problem(
         horizon_s=horizon_s,
         allow_preemption=allow_preemption,
         free_gpus_per_node=free_per_node,
-        node_capacity=tuple((n.name, max(0, n.gpus_total - non_elastic_per_node[n.name])) for n in managed) or None,
+        node_capacity=tuple((n.name, node_cap[n.name]) for n in managed) or None,
+        pools=tuple(Pool(p.name, p.gpu_type, p.key.partitions, tuple((n, node_cap[n]) for n in p.nodes))
+                    for p in node_pools) if len(node_pools) > 1 else (),
     )
     return Snapshot(
         problem=problem,
@@ -364,6 +423,96 @@ def build_problem(
         non_elastic_gpus=non_elastic_gpus,
         node_size=size,
         decisions=decisions,
-        node_free={n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},
+        node_free={n.name: max(0, n.gpus_total - n.gpus_used - res.by_node.get(n.name, 0)) for n in managed},
         unmanaged=unmanaged,
+        pools=tuple(node_pools),
+        reservations=res,
+        partitions_of={r.job_id: r.partitions for r in elastic if r.job_id in specs},
     )
+
+
+def _job_pools(r: JobRecord, pools, pool_of_node, managed_names) -> tuple[tuple[str, ...], str]:
+    """(the pools job ``r`` may use, the pool it runs in now or ""). A running job stays in the pool
+    of its nodes (it is never moved between pools while it runs); a pending one that no pool admits is
+    reported as its bad input (SpecError), naming what it asked for."""
+    ap = allowed_pools(r, pools)
+    if r.is_running:
+        on = [pool_of_node[n] for n in r.nodes if n in managed_names]
+        if on:
+            now = Counter(on).most_common(1)[0][0]
+            return (now,), now
+        return ap, ""
+    if not ap:
+        what = [f"partition {r.partition!r}"]
+        if r.gpu_type:
+            what.append(f"gres type {r.gpu_type!r}")
+        if r.constraint:
+            what.append(f"constraint {r.constraint!r}")
+        if r.reservation:
+            what.append(f"reservation {r.reservation!r}")
+        raise SpecError("no managed, usable nodes match its " + ", ".join(what) + ": not placed",
+                        job_id=r.job_id, field="partition")
+    return ap, ""
+
+
+def _reserve(rigid, pools, managed, node_cap, reqs, pinned, errors) -> Reservations:
+    """GPUs kept free for pending rigid jobs (pools.reserve_rigid), given the elastic requests."""
+    if not rigid:
+        return Reservations()
+    demands = []
+    blocked: dict[int, str] = {}
+    for r in rigid:
+        try:
+            d = rigid_demand(r, pools)
+        except SpecError as e:
+            blocked[r.job_id] = str(e)  # its constraint is beyond the daemon: Slurm alone places it
+            continue
+        if d is not None:
+            demands.append(d)
+    on_nodes, committed = [], Counter()
+    for rank, q in enumerate(reqs):
+        pool = pinned.get(q.job_id, "")
+        if q.running_gpus > 0:
+            committed[pool] += q.spec.min_gpus if not q.frozen else q.running_gpus
+            if q.nodes and q.gpus_per_node:
+                on_nodes.append(ElasticOnNode(q.job_id, pool, q.running_gpus, q.spec.min_gpus, q.nodes,
+                                              q.gpus_per_node, rank))
+    res = reserve_rigid(demands, pools, node_cap, {n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},
+                        {n.name: n.gpus_total for n in managed}, on_nodes, committed)
+    res.blocked.update(blocked)
+    return res
+
+
+def _pool_requests(reqs, res, allowed, pinned, pools, records, model_for_type, now, size, capacity):
+    """The requests with what issue 13 adds: pools and per-pool models (several pools only), shrink caps
+    on jobs that sit on GPUs reserved for rigid jobs, and no rescale a job's time limit cannot repay."""
+    recs = {r.job_id: r for r in records}
+    by_name = {p.name: p for p in pools}
+    multi = len(pools) > 1
+    out = []
+    for q in reqs:
+        r = recs.get(q.job_id)
+        cap = res.caps.get(q.job_id)
+        if cap is not None and q.running_gpus > 0 and cap < q.running_gpus:
+            q = replace(q, spec=replace(q.spec, max_gpus=max(q.spec.min_gpus, cap)))
+        if r is not None and q.running_gpus > 0 and not q.frozen and r.time_limit_s and r.start_time is not None:
+            left = r.start_time + r.time_limit_s - now
+            best = min(q.spec.max_gpus, max(capacity, 0)) / q.running_gpus  # a linear grow: the most a rescale gains
+            if left <= q.restart_s or best * (left - q.restart_s) <= left:
+                q = replace(q, frozen=True)
+        if multi and r is not None:
+            names = allowed.get(q.job_id, ())
+            models, unscaled = [], []
+            for name in names:
+                t = by_name[name].gpu_type
+                if not t:
+                    continue  # an untyped pool: the job's own model, nothing to scale
+                m = model_for_type(r, q.spec, q.model, t) if model_for_type else None
+                if m is None:
+                    unscaled.append(name)
+                elif m is not q.model:
+                    models.append((name, m))
+            q = replace(q, pools=names, pool=pinned.get(q.job_id, ""), pool_models=tuple(models),
+                        unscaled_pools=tuple(unscaled))
+        out.append(q)
+    return out

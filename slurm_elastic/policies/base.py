@@ -40,6 +40,10 @@ class JobRequest:
     # job's current pool is ``pool`` ("" in a single-pool problem).
     pools: tuple[str, ...] = ()
     pool: str = ""
+    # Its throughput model per pool whose GPU type has its own data (pool name, model); other pools use
+    # ``model``. ``unscaled_pools``: typed pools where it has no per-type data (``model`` used unscaled).
+    pool_models: tuple[tuple[str, ThroughputModel], ...] = ()
+    unscaled_pools: tuple[str, ...] = ()
 
     @property
     def is_running(self) -> bool:
