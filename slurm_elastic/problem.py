@@ -409,7 +409,8 @@ def build_problem(
         allow_preemption=allow_preemption,
         free_gpus_per_node=free_per_node,
         node_capacity=tuple((n.name, node_cap[n.name]) for n in managed) or None,
-        pools=tuple(Pool(p.name, p.gpu_type, p.key.partitions, tuple((n, node_cap[n]) for n in p.nodes))
+        pools=tuple(Pool(p.name, p.gpu_type, p.key.partitions, tuple((n, node_cap[n]) for n in p.nodes),
+                         node_size_of(n for n in managed if pool_of_node[n.name] == p.name))
                     for p in node_pools) if len(node_pools) > 1 else (),
     )
     return Snapshot(
