@@ -63,76 +63,77 @@ class PoolQ:
     value: np.ndarray  # per item: scaled value
     capacity: np.ndarray  # per pool: GPUs
     scale: dict[tuple[int, int], float]  # (job, pool) -> ref_p / ref_best
+    minc: np.ndarray  # (job, pool) -> its minimum count there (0: no choice there)
 
 
 def _sub_problems(problem: AllocationProblem):
     names = {p.name: i for i, p in enumerate(problem.pools)}
+    node_pool = {n: i for i, p in enumerate(problem.pools) for n, _ in p.node_capacity}
     allowed: list[tuple[int, ...]] = []
     for req in problem.jobs:
         if req.running_gpus > 0 and req.pool in names:
             allowed.append((names[req.pool],))
         elif req.running_gpus > 0 and req.nodes:
-            where = Counter(i for i, p in enumerate(problem.pools) for n, _ in p.node_capacity if n in req.nodes)
+            where = Counter(node_pool[n] for n in req.nodes if n in node_pool)
             allowed.append((where.most_common(1)[0][0],) if where else ())
         else:
             ps = tuple(names[n] for n in req.pools if n in names) if req.pools else tuple(range(len(names)))
             allowed.append(ps)
-    subs, local = [], []
+    members: list[list[int]] = [[] for _ in problem.pools]
+    for j, a in enumerate(allowed):
+        for i in a:
+            members[i].append(j)
+    subs = []
     for i, pool in enumerate(problem.pools):
-        idx = [j for j, a in enumerate(allowed) if i in a]
         jobs = []
-        for j in idx:
+        for j in members[i]:
             req = problem.jobs[j]
-            model = dict(req.pool_models).get(pool.name, req.model)
-            jobs.append(replace(req, model=model, pools=(), pool=pool.name))
+            model = dict(req.pool_models).get(pool.name, req.model) if req.pool_models else req.model
+            jobs.append(req if model is req.model else replace(req, model=model))
         subs.append(AllocationProblem(
             total_gpus=pool.total_gpus, node_size=pool.node_size or problem.node_size, jobs=tuple(jobs),
             horizon_s=problem.horizon_s, allow_preemption=problem.allow_preemption,
             node_capacity=pool.node_capacity or None))
-        local.append({j: k for k, j in enumerate(idx)})
-    return allowed, subs, local
+    return allowed, subs, members
 
 
 def build_q(problem: AllocationProblem, candidates, *, admission: str = "priority",
             starvation_s: float = 3600.0, objective: str = "speedup") -> PoolQ:
     """``candidates(sub_problem)``: the policy's single-pool candidates with every pending job OPTIONAL
     (joint admission, no starvation); running jobs admitted at their minimum."""
-    allowed, subs, local = _sub_problems(problem)
+    allowed, subs, members = _sub_problems(problem)
     cands = [candidates(s) for s in subs]
     n, P = len(problem.jobs), len(subs)
-    pos = [{int(j): p for p, j in enumerate(c.dp_jobs.tolist())} for c in cands]
-    # per (job, pool): the flat choice range [lo, hi) in that pool's arrays, and its minimum count
-    rng: dict[tuple[int, int], tuple[int, int, int]] = {}
-    for j in range(n):
-        for i in allowed[j]:
-            k = local[i][j]
-            p = pos[i].get(k)
-            if p is None:
-                continue
-            c = cands[i]
-            lo, hi = int(c.offsets[p]), int(c.offsets[p + 1])
-            counts = c.cols[0, lo:hi]
-            nz = np.flatnonzero(counts > 0)
-            if nz.size == 0:
-                continue
-            rng[(j, i)] = (lo, hi, int(counts[nz[0]]))
-    # cross-type scale: value relative to the job's best pool at its minimum
-    scale: dict[tuple[int, int], float] = {}
-    for j in range(n):
-        refs = {i: float(cands[i].refs[local[i][j]]) for i in allowed[j] if (j, i) in rng}
-        best = max(refs.values(), default=0.0)
-        req = problem.jobs[j]
-        for i, r in refs.items():
-            absolute = objective == "completion" and req.remaining_samples is not None
-            scale[(j, i)] = 1.0 if (absolute or objective == "pnorm" or best <= 0) else r / best
+    local = [{j: k for k, j in enumerate(m)} for m in members]
+    # per pool and optimised job: its problem index, flat range and minimum count (the first non-zero
+    # choice: an OPTIONAL job's choices start with the zero choice)
+    seg = []
+    minc = np.zeros((n, P), np.int64)  # 0: the job has no choice in that pool
+    refs = np.zeros((n, P))
+    for i, c in enumerate(cands):
+        gj = np.asarray(members[i], np.int64)[c.dp_jobs] if c.dp_jobs.size else np.zeros(0, np.int64)
+        lo, hi = c.offsets[:-1], c.offsets[1:]
+        counts = c.cols[0].astype(np.int64)
+        first = counts[lo] if lo.size else np.zeros(0, np.int64)
+        second = counts[np.minimum(lo + 1, max(counts.size - 1, 0))] if lo.size else first
+        m = np.where(first > 0, first, np.where(hi - lo > 1, second, 0))
+        minc[gj, i] = m
+        refs[gj, i] = np.asarray(c.refs)[c.dp_jobs] if c.dp_jobs.size else 0.0
+        seg.append((gj, lo, hi, counts))
+    ref_best = np.where(minc > 0, refs, 0.0).max(axis=1) if P else np.zeros(n)
+    absolute = np.array([objective == "completion" and r.remaining_samples is not None for r in problem.jobs])
+    flat_scale = (absolute | (objective == "pnorm") | (ref_best <= 0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(flat_scale[:, None], 1.0, refs / np.where(ref_best > 0, ref_best, 1.0)[:, None])
+    scale = {(j, i): float(sc[j, i]) for j in range(n) for i in allowed[j] if minc[j, i] > 0}
     # admission across pools
-    standing = [0] * n
+    standing = np.zeros(n, np.int64)
     reasons: dict[int, str] = {}
     witness: dict[int, int] = {}
     free = [int(c.capacity) for c in cands]
     closed: set[int] = set()
     for j, req in enumerate(problem.jobs):
-        opts = [i for i in allowed[j] if (j, i) in rng]
+        opts = [i for i in allowed[j] if minc[j, i] > 0]
         if req.running_gpus > 0:
             if opts and cands[opts[0]].status[local[opts[0]][j]] == ADMITTED:
                 standing[j] = REQUIRED
@@ -146,44 +147,47 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
             reasons[j] = next((w for w in why if w), "pending: no pool it may use can run it")
             continue
         starving = req.wait_s >= starvation_s
-        if set(opts) & closed:
+        if closed and set(opts) & closed:
             reasons[j] = "pending: held for a starving job in its pools"
             continue
         if admission == "joint" and not starving:
             standing[j] = FREE
             continue
-        fits = [i for i in opts if rng[(j, i)][2] <= free[i]]
+        fits = [i for i in opts if minc[j, i] <= free[i]]
         if fits:
-            i = max(fits, key=lambda i: (scale[(j, i)], free[i]))
+            i = max(fits, key=lambda i: (sc[j, i], free[i]))
             standing[j], witness[j] = REQUIRED, i
-            free[i] -= rng[(j, i)][2]
+            free[i] -= int(minc[j, i])
         else:
-            need = min(rng[(j, i)][2] for i in opts)
-            reasons[j] = f"pending: needs {need} GPUs, {max(free[i] for i in opts)} left after higher-priority minimums in its pools"
+            need = min(int(minc[j, i]) for i in opts)
+            reasons[j] = (f"pending: needs {need} GPUs, {max(free[i] for i in opts)} left after "
+                          "higher-priority minimums in its pools")
             if starving:
                 closed.update(opts)
-    # items
+    # items, vectorised per pool
     J, Pi, F, W, V = [], [], [], [], []
-    for (j, i), (lo, hi, _) in rng.items():
-        if not standing[j]:
+    for i, (gj, lo, hi, counts) in enumerate(seg):
+        if not gj.size:
             continue
-        c = cands[i]
-        idx = np.arange(lo, hi)
-        counts = c.cols[0, lo:hi].astype(np.int64)
-        keep = counts > 0 if standing[j] == REQUIRED else np.ones(hi - lo, bool)
-        idx, counts = idx[keep], counts[keep]
-        v = c.values[idx] * np.where(counts > 0, scale[(j, i)], 1.0)
-        J.append(np.full(idx.size, j))
-        Pi.append(np.full(idx.size, i))
+        lens = hi - lo
+        jf = np.repeat(gj, lens)
+        st = standing[jf]
+        cnt = counts[:int(hi[-1])] if hi.size else counts
+        keep = (st > 0) & ~((st == REQUIRED) & (cnt == 0))
+        idx = np.flatnonzero(keep)
+        jf = jf[idx]
+        v = cands[i].values[idx] * np.where(cnt[idx] > 0, sc[jf, i], 1.0)
+        J.append(jf)
+        Pi.append(np.full(idx.size, i, np.int64))
         F.append(idx)
-        W.append(counts)
+        W.append(cnt[idx])
         V.append(v)
     cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
     job_a = cat(J, np.int64)
     order = np.argsort(job_a, kind="stable")
-    return PoolQ(cands, local, standing, reasons, witness, job_a[order], cat(Pi, np.int64)[order],
+    return PoolQ(cands, local, standing.tolist(), reasons, witness, job_a[order], cat(Pi, np.int64)[order],
                  cat(F, np.int64)[order], cat(W, np.int64)[order], cat(V, np.float64)[order],
-                 np.array([s.total_gpus for s in subs], np.int64), scale)
+                 np.array([s.total_gpus for s in subs], np.int64), scale, minc)
 
 
 def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
@@ -223,20 +227,13 @@ def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
     need = Counter()
     for j, i in out.items():
         if q.standing[j] == REQUIRED and j in q.witness:
-            lo, hi, m = _range(q, j, i)
-            need[i] += m
+            need[i] += int(q.minc[j, i])
     room = [int(c.capacity) for c in q.cands]
     if any(need[i] > room[i] for i in need):
         out.update(q.witness)
     return out
 
 
-def _range(q: PoolQ, j: int, i: int):
-    c = q.cands[i]
-    p = int(np.searchsorted(c.dp_jobs, q.local[i][j]))
-    lo, hi = int(c.offsets[p]), int(c.offsets[p + 1])
-    counts = c.cols[0, lo:hi]
-    return lo, hi, int(counts[counts > 0][0])
 
 
 def _solve_pool(q: PoolQ, i: int, assign: dict[int, int], placement: bool, name: str):
@@ -297,12 +294,13 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
     """The multi-pool answer (module docstring); ``candidates`` as for :func:`build_q`."""
     t0 = time.perf_counter()
     q = build_q(problem, candidates, admission=admission, starvation_s=starvation_s, objective=objective)
-    multi = {}
-    for j in range(len(problem.jobs)):
-        if q.standing[j]:
-            ps = sorted({int(i) for i in q.pool[q.job == j]}) if q.job.size else []
-            if len(ps) > 1:
-                multi[j] = ps
+    multi: dict[int, list[int]] = {}
+    if q.job.size:
+        P = q.capacity.size
+        pairs = np.unique(q.job * P + q.pool)
+        jj, cnt = np.unique(pairs // P, return_counts=True)
+        for j in jj[cnt > 1].tolist():
+            multi[j] = (pairs[pairs // P == j] % P).tolist()
     combos = math.prod(len(v) for v in multi.values()) if multi else 1
     bound, _, picks = lagrangian(q, iters=iters)
     if combos <= enumerate_limit:
@@ -333,7 +331,8 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         why = a.reason + (f"; pool {pool}" if a.gpus else "")
         if a.gpus and pool in req.unscaled_pools:
             why += f" (no {problem.pools[i].gpu_type} throughput data: its model unscaled)"
-        out[req.job_id] = replace(a, pool=pool if a.gpus else "", reason=why)
+        out[req.job_id] = JobAllocation(a.job_id, a.gpus, a.nodes, a.batch, a.local_batch, a.accum,
+                                        a.samples_per_s, why, pool if a.gpus else "")
     return Allocation(out, obj, time.perf_counter() - t0, name, bound=max(bound, obj))
 
 
@@ -341,5 +340,5 @@ def _min_fits(q: PoolQ, assign: dict[int, int]) -> bool:
     need = Counter()
     for j, i in assign.items():
         if q.standing[j] == REQUIRED and j in q.witness:
-            need[i] += _range(q, j, i)[2]
+            need[i] += int(q.minc[j, i])
     return all(need[i] <= int(q.cands[i].capacity) for i in need)
