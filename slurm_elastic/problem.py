@@ -383,7 +383,8 @@ def build_problem(
         facts = getattr(model, "facts", None)
         known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
         stepped = (r.restart_count in facts.stepped_restarts) if known else None
-        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped)
+        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
+                       r.partitions)
         cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         reqs.append(_with_info(req, r, job_info))
         views.append(view)

@@ -122,3 +122,25 @@ def test_single_pool_problem_is_unchanged():
     jobs = (JobRequest(1, spec, LinearModel()), JobRequest(2, spec, LinearModel()))
     one = DPPolicy().allocate(AllocationProblem(8, 4, jobs))
     assert one.bound is None and all(x.pool == "" for x in one.jobs.values())
+
+
+def test_planner_pins_the_chosen_pool_and_places_only_on_its_nodes():
+    from slurm_elastic import planner as pl
+    from slurm_elastic.policies.base import Allocation, JobAllocation
+
+    pools = (Pool("a100:a100", "a100", ("a100",), (("a1", 4),), 4),
+             Pool("v100:v100", "v100", ("v100",), (("v1", 8),), 8))
+    spec = toy_spec(max_gpus=8, batch=8)
+    views = [pl.JobView(1, pl.PENDING, spec=spec, partitions=("a100", "v100")),
+             pl.JobView(2, pl.PENDING, spec=spec, partitions=("v100",))]
+    alloc = Allocation({1: JobAllocation(1, 4, 1, 8, 2, pool="v100:v100"),
+                        2: JobAllocation(2, 4, 1, 8, 2, pool="v100:v100")})
+    p = pl.plan(alloc, views, {}, 0.0, capacity=12, node_size=4, node_free={"a1": 4, "v1": 8}, pools=pools)
+    starts = {a.job_id: a for a in p.of_kind("start")}
+    assert starts[1].partition == "v100" and starts[1].gpu_type == "v100"
+    assert starts[2].partition is None and starts[2].gpu_type == "v100"  # already its only partition
+    # a third 4-GPU start in v100 does not fit there, though a1 is free: it waits
+    views.append(pl.JobView(3, pl.PENDING, spec=spec, partitions=("v100",)))
+    alloc.jobs[3] = JobAllocation(3, 4, 1, 8, 2, pool="v100:v100")
+    p = pl.plan(alloc, views, {}, 0.0, capacity=12, node_size=4, node_free={"a1": 4, "v1": 8}, pools=pools)
+    assert {a.job_id for a in p.of_kind("start")} == {1, 2}
