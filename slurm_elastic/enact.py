@@ -283,6 +283,7 @@ def run_cycle(
         alloc, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
         config=planner_config or pl.PlannerConfig(),
         node_free=snap.node_free if placement else None, pools=snap.problem.pools,
+        urgent=snap.reservations.caps,
     )
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).

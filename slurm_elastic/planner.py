@@ -241,6 +241,7 @@ def plan(
     config: PlannerConfig = PlannerConfig(),
     node_free: Mapping[str, int] | None = None,
     pools: Iterable = (),
+    urgent: Iterable[int | str] = (),
 ) -> Plan:
     """The actions that carry ``allocation`` out, under the rules in the module docstring.
 
@@ -258,6 +259,7 @@ def plan(
     deferred = 0
     placer = _Placer(node_free, node_size) if node_free is not None else None
     pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
+    urgent = frozenset(urgent)  # jobs on GPUs reserved for a rigid job (pools.py): a shrink is not deferred
     for i, v in enumerate(views):
         a = allocation.jobs.get(v.job_id)
         if v.status in (IN_FLIGHT, STARTING):
@@ -286,6 +288,9 @@ def plan(
                                       else "same GPU count (batch-only change not worth a restart)")
             continue
         book = books.get(v.job_id, JobBook())
+        if v.job_id in urgent and 0 < a.gpus < v.gpus:
+            shrinks.append(_Pending(v, a, i))
+            continue
         if book.last_change_s is not None and now - book.last_change_s < config.cooldown_s:
             actions[v.job_id] = Leave(v.job_id, f"cooldown ({now - book.last_change_s:.0f}s < {config.cooldown_s:.0f}s)")
             deferred += 1
