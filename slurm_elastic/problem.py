@@ -72,22 +72,13 @@ ModelForType = Callable[[JobRecord, ElasticSpec, ThroughputModel, str], "Through
 
 
 def gavel_model_for_type(record: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str):
-    """The default per-type rule: a job on a Gavel table (``profile=gavel.<gpu>.<model>``, or a learned
-    model over one) runs on another Gavel GPU type (k80, p100, v100) at that type's table; anything else
-    has no per-type data (None: the allocator uses its model unscaled and says so)."""
-    from slurm_elastic.profiles.gavel import GAVEL_GPUS, GavelModel, gavel_model
+    """The default per-type rule (profiles.gavel.model_on_type): a job on a Gavel table
+    (``profile=gavel.<gpu>.<model>``, or a learned model over one) runs on another Gavel GPU type at that
+    type's table; anything else has no per-type data (None: the allocator uses its model unscaled and
+    says so in the job's reason)."""
+    from slurm_elastic.profiles.gavel import model_on_type
 
-    base = model
-    for _ in range(3):
-        if isinstance(base, GavelModel):
-            break
-        base = getattr(base, "inner", None)
-    t = gpu_type.lower()
-    if not isinstance(base, GavelModel) or t not in GAVEL_GPUS:
-        return None
-    if t == base.gpu:
-        return model
-    return gavel_model(t, base.model)
+    return model_on_type(model, gpu_type)
 
 
 @dataclass(frozen=True)

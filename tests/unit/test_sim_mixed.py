@@ -23,3 +23,30 @@ def test_rigid_jobs_wait_at_most_a_cycle_plus_a_rescale_more_than_under_plain_sl
     assert row["delay_max_s"] <= doc["bound_s"]
     assert row["elastic_jct_mean_s"] < row["elastic_jct_plain_mean_s"]
     assert not math.isnan(row["rigid_wait_plain_mean_s"]) and "| 50% |" in mixed_markdown(doc)
+
+
+def test_simulated_slurm_groups_types_and_drain():
+    from slurm_elastic.backends.simulated import SimulatedSlurm
+
+    sim = SimulatedSlurm(groups=((2, 4, "k80", "k80"), (1, 8, "v100", "v100")))
+    nodes = {n.name: n for n in sim.list_nodes()}
+    assert [(n.gpus_total, n.partitions, n.gpu_type) for n in nodes.values()] == [
+        (4, ("k80",), "k80"), (4, ("k80",), "k80"), (8, ("v100",), "v100")]
+    sim.drain("sim0000")
+    assert "DRAIN" in sim.list_nodes()[0].state_flags and not sim.list_nodes()[0].usable
+    a = sim.submit(name="r", gpus_per_node=4, num_nodes=1, duration_s=100, gpu_type="k80")
+    b = sim.submit(name="r2", gpus_per_node=4, num_nodes=1, duration_s=100, partition="k80")
+    c = sim.submit(name="r3", gpus_per_node=8, num_nodes=1, duration_s=100)
+    jobs = {j.job_id: j for j in sim.list_jobs()}
+    assert jobs[a].nodes == ("sim0001",) and jobs[a].gpu_type == "k80"
+    assert jobs[b].state == "PENDING"  # the k80 node left is drained; v100 is not in its partition
+    assert jobs[c].nodes == ("sim0002",)
+
+
+def test_type_aware_allocation_beats_type_blind_and_runs_inside_the_pools():
+    from slurm_elastic.sim.mixed import hetero_study
+
+    doc = hetero_study(jobs=30, nodes_per_type=2)
+    aware, blind = doc["rows"]
+    assert aware["finished"] == blind["finished"] == 30
+    assert aware["jct_mean_s"] < blind["jct_mean_s"]
