@@ -67,6 +67,9 @@ from slurm_elastic.spec import (
 )
 
 ModelFor = Callable[[JobRecord, ElasticSpec], ThroughputModel]
+# Pending reasons of a rigid job that only GPUs hold back: GPUs are reserved only for these (a job waiting
+# for a dependency, a begin time, a QOS/association limit or a down node would leave its GPUs idle).
+RIGID_WAITING = frozenset({"", "None", "Resources", "Priority"})
 # A job's model on another GPU type: (record, spec, its model, GPU type) -> model, or None: no data
 ModelForType = Callable[[JobRecord, ElasticSpec, ThroughputModel, str], "ThroughputModel | None"]
 
@@ -284,7 +287,7 @@ def build_problem(
             except SpecError as e:
                 errors[r.job_id] = e
         elif (r.is_pending and not r.held and managed_partition(r.partition) and not is_elastic_comment(r.comment)
-              and (r.gpus_total > 0 or r.gpus_per_node > 0)):
+              and (r.gpus_total > 0 or r.gpus_per_node > 0) and r.state_reason in RIGID_WAITING):
             rigid.append(r)
         if r.is_running and r.gpus_total > 0:
             on = [n for n in r.nodes if n in managed_names]

@@ -159,3 +159,12 @@ def test_time_limit_freezes_a_rescale_that_cannot_pay_back():
     long = job(2, "RUNNING", 4, ["n2"], held=False, time_limit_s=86400, start_time=900)
     q = {r.job_id: r for r in build([short, long], nodes).problem.jobs}
     assert q[1].frozen and not q[2].frozen
+
+
+def test_rigid_jobs_waiting_for_something_else_than_gpus_get_no_reservation():
+    nodes = [node(f"n{i}", 4, used=4) for i in range(1, 3)]
+    jobs = [job(1, "RUNNING", 8, ["n1", "n2"], held=False),
+            job(8, "PENDING", 4, comment="", held=False, gpn=4, n=1, priority=600, state_reason="Dependency"),
+            job(9, "PENDING", 4, comment="", held=False, gpn=4, n=1, priority=500, state_reason="Resources")]
+    res = build(jobs, nodes).reservations
+    assert 8 not in res.jobs and 8 not in res.blocked and 9 in res.jobs
