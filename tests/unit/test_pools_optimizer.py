@@ -144,3 +144,18 @@ def test_planner_pins_the_chosen_pool_and_places_only_on_its_nodes():
     alloc.jobs[3] = JobAllocation(3, 4, 1, 8, 2, pool="v100:v100")
     p = pl.plan(alloc, views, {}, 0.0, capacity=12, node_size=4, node_free={"a1": 4, "v1": 8}, pools=pools)
     assert {a.job_id for a in p.of_kind("start")} == {1, 2}
+
+
+def test_pollux_dp_dispatches_to_the_pools_too():
+    from slurm_elastic.policies import get_policy
+
+    rng = random.Random(3)
+    for _ in range(5):
+        prob = instance(rng)
+        a = get_policy("pollux-dp").allocate(prob)
+        assert a.bound is not None
+        for p in prob.pools:
+            assert sum(x.gpus for x in a.jobs.values() if x.pool == p.name) <= p.total_gpus
+        for req in prob.jobs:
+            x = a.jobs[req.job_id]
+            assert not x.gpus or x.pool in req.pools

@@ -50,3 +50,24 @@ def test_type_aware_allocation_beats_type_blind_and_runs_inside_the_pools():
     aware, blind = doc["rows"]
     assert aware["finished"] == blind["finished"] == 30
     assert aware["jct_mean_s"] < blind["jct_mean_s"]
+
+
+def test_the_issues_scenario_rigid_8_gpu_job_starts_within_two_cycles_and_a_rescale():
+    """4 x 4 GPUs, two elastic jobs of 1-16 GPUs fill the cluster; a plain 2 x 4 GPU job arrives."""
+    from dataclasses import replace
+
+    from slurm_elastic.policies import get_policy
+    from slurm_elastic.sim.engine import SimConfig, Simulation
+    from slurm_elastic.sim.workloads import WorkloadJob, app_spec, profile_model, samples_in
+
+    spec = replace(app_spec("cifar10", gpus=8, batch=1024, node_size=4), min_gpus=1, max_gpus=16)
+    total = samples_in(spec, profile_model("cifar10"), 4 * 3600.0, 4)
+    wl = [WorkloadJob("e1", 0.0, spec, total_samples=total), WorkloadJob("e2", 1.0, spec, total_samples=total),
+          WorkloadJob("rigid", 1830.0, None, gpus=8, duration_s=600.0)]
+    cfg = SimConfig(nodes=4, gpus_per_node=4, interval_s=60.0, horizon_s=4000.0)
+    res = Simulation(wl, get_policy("dp"), cfg).run()
+    out = {o.name: o for o in res.jobs}
+    assert sum(s[1] for o in (out["e1"], out["e2"]) for s in o.sizes[:1]) >= 12  # they filled the cluster
+    wait = out["rigid"].start_s - out["rigid"].arrival_s
+    print(f"rigid 8-GPU job waited {wait:.1f} s")
+    assert wait <= 2 * cfg.interval_s + cfg.rescale_cost_s
