@@ -222,18 +222,25 @@ def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray
 
 
 def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
-    """Pool per job from the prices' picks; the admission witnesses when that overfills a pool's minimums."""
+    """Pool per job from the prices' picks. The admitted jobs' minimums are fitted: jobs with one pool
+    first, then those with two, ..., each class in priority order, each in the pool the prices chose, else its witness, else
+    any other with room; if that fails, the admission witnesses are used (always feasible)."""
     out = {int(q.job[x]): int(q.pool[x]) for x in picks.tolist()}
-    need = Counter()
-    for j, i in out.items():
-        if q.standing[j] == REQUIRED and j in q.witness:
-            need[i] += int(q.minc[j, i])
     room = [int(c.capacity) for c in q.cands]
-    if any(need[i] > room[i] for i in need):
-        out.update(q.witness)
+    P = len(room)
+    # the most constrained first (jobs with one pool, then two, ...), each class in priority order
+    order = sorted(q.witness, key=lambda j: (int((q.minc[j] > 0).sum()), j))
+    for j in order:
+        prefer = [out.get(j, q.witness[j]), q.witness[j]] + list(range(P))
+        for i in prefer:
+            if q.minc[j, i] > 0 and q.minc[j, i] <= room[i]:
+                room[i] -= int(q.minc[j, i])
+                out[j] = i
+                break
+        else:
+            out.update(q.witness)
+            return out
     return out
-
-
 
 
 def _solve_pool(q: PoolQ, i: int, assign: dict[int, int], placement: bool, name: str):
