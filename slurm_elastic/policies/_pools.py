@@ -304,10 +304,11 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
     multi: dict[int, list[int]] = {}
     if q.job.size:
         P = q.capacity.size
-        pairs = np.unique(q.job * P + q.pool)
-        jj, cnt = np.unique(pairs // P, return_counts=True)
-        for j in jj[cnt > 1].tolist():
-            multi[j] = (pairs[pairs // P == j] % P).tolist()
+        pairs = np.unique(q.job * P + q.pool)  # sorted: by job, then pool
+        pj, pp = (pairs // P).tolist(), (pairs % P).tolist()
+        for j, i in zip(pj, pp):
+            multi.setdefault(j, []).append(i)
+        multi = {j: v for j, v in multi.items() if len(v) > 1}
     combos = math.prod(len(v) for v in multi.values()) if multi else 1
     bound, _, picks = lagrangian(q, iters=iters)
     if combos <= enumerate_limit:
