@@ -369,7 +369,7 @@ def plan(
                 why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
                 a = _at(a, v, k)
         committed += k
-        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by))
     for p in grows:
         v, a = p.view, p.alloc
@@ -389,7 +389,7 @@ def plan(
         if not take_slot(p):
             continue
         committed += a.gpus - v.gpus
-        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
                                    **_pin(a, v, pool_by))
     ordered = tuple(actions[v.job_id] for v in views if v.job_id in actions)
