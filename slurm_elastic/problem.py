@@ -23,6 +23,18 @@ Rules:
   ``running`` if Slurm runs it (current size = its GPUs, batch = its decision's, else the requested
   one); ``starting`` if it is pending, not held and carries a decision (released, Slurm has not
   started it yet: its decision's GPUs are committed); otherwise ``pending``.
+- **Pools** (issue 13, :mod:`slurm_elastic.pools`): the managed nodes grouped by (partitions, GPU type,
+  features, reservations). With one pool the problem is the single-pool one (``pools=()``). With
+  several, each job carries the pools it may use (a running job: the pool of its nodes) and its model
+  per pool GPU type (``model_for_type``; default: Gavel tables per type, else none and the job's model
+  is used unscaled, recorded in ``unscaled_pools``). A pending job that no pool admits, or whose
+  ``--constraint`` is beyond feature names joined by ``&``, is an error (field ``partition`` /
+  ``constraint``).
+- **Rigid jobs** (non-elastic, pending for Resources/Priority, not held) get GPUs reserved in Slurm
+  priority order when they would fit at the elastic minimums (``pools.reserve_rigid``): the reserved
+  GPUs leave the capacity, the node map and ``node_free``; elastic jobs on them are capped below their
+  size; ``Snapshot.reservations`` says what was reserved, for whom, and who waits and why.
+- **Time limits**: a running job whose restart could not pay back before its ``--time`` is frozen.
 - **Priority order** handed to the policy: Slurm priority when set and non-zero (higher first), then
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
