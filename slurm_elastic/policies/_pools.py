@@ -182,7 +182,9 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         F.append(idx)
         W.append(cnt[idx])
         V.append(v)
-    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+    def cat(xs, dt):
+        return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
+
     job_a = cat(J, np.int64)
     order = np.argsort(job_a, kind="stable")
     return PoolQ(cands, local, standing.tolist(), reasons, witness, job_a[order], cat(Pi, np.int64)[order],
@@ -306,7 +308,7 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         P = q.capacity.size
         pairs = np.unique(q.job * P + q.pool)  # sorted: by job, then pool
         pj, pp = (pairs // P).tolist(), (pairs % P).tolist()
-        for j, i in zip(pj, pp):
+        for j, i in zip(pj, pp, strict=True):
             multi.setdefault(j, []).append(i)
         multi = {j: v for j, v in multi.items() if len(v) > 1}
     combos = math.prod(len(v) for v in multi.values()) if multi else 1
@@ -316,7 +318,7 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         fixed = {int(q.job[x]): int(q.pool[x]) for x in (picks.tolist() if picks is not None else [])}
         for choice in itertools.product(*multi.values()):
             assign = dict(fixed)
-            assign.update(zip(multi, choice))
+            assign.update(zip(multi, choice, strict=True))
             if not _min_fits(q, assign):
                 continue
             allocs, obj = _solve_all(q, assign, placement, name)

@@ -24,7 +24,7 @@ MODELS = [gavel_model("v100", "ResNet-50"), gavel_model("k80", "ResNet-50"), gav
 def q_milp(q):
     """Q's optimum by HiGHS."""
     from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_matrix, vstack
+    from scipy.sparse import csr_matrix
 
     n = q.job.size
     if n == 0:
