@@ -191,7 +191,8 @@ def reserve_rigid(
     shows free; ``totals``: node -> GPUs; ``elastic``: running elastic jobs on the nodes;
     ``committed_min``: pool -> GPUs the elastic jobs of that pool keep at their minimums (running and
     starting). A node is reclaimable up to its free GPUs plus the per-node GPUs of elastic jobs on it
-    that can shrink by that much; reservations go on the nodes that displace the fewest elastic GPUs.
+    (each down to its minimum, at most its GPUs on that node); reservations go on the nodes that displace
+    the fewest elastic GPUs.
     """
     res = Reservations()
     by_name = {p.name: p for p in pools}
@@ -222,10 +223,8 @@ def reserve_rigid(
                 want = size if d.exclusive else d.gpus_per_node
                 if size < d.gpus_per_node or left[n] < want:
                     continue
-                gain = 0
-                for e in sorted(on_node.get(n, ()), key=lambda e: -e.priority_rank):
-                    if shrink_left[e.job_id] >= e.gpus_per_node:
-                        gain += e.gpus_per_node
+                # what the elastic jobs here can give up: down to their minimums, at most their share here
+                gain = sum(min(e.gpus_per_node, shrink_left[e.job_id]) for e in on_node.get(n, ()))
                 if free.get(n, 0) + gain < want:
                     continue
                 cands.append((max(0, want - free.get(n, 0)), left[n], n, want))
@@ -248,11 +247,11 @@ def reserve_rigid(
             for e in sorted(on_node.get(n, ()), key=lambda e: -e.priority_rank):  # lowest priority first
                 if need <= 0:
                     break
-                if shrink_left[e.job_id] >= e.gpus_per_node:
-                    shrink_left[e.job_id] -= e.gpus_per_node
-                    cap = res.caps.get(e.job_id, e.gpus) - e.gpus_per_node
-                    res.caps[e.job_id] = max(e.min_gpus, cap)
-                    need -= e.gpus_per_node
+                take = min(e.gpus_per_node, shrink_left[e.job_id], need)
+                if take > 0:
+                    shrink_left[e.job_id] -= take
+                    res.caps[e.job_id] = max(e.min_gpus, res.caps.get(e.job_id, e.gpus) - take)
+                    need -= take
             free[n] = max(0, free.get(n, 0) - want)
             left[n] -= want
             res.by_node[n] = res.by_node.get(n, 0) + want

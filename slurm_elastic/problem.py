@@ -396,7 +396,7 @@ def build_problem(
         views.append(view)
 
     node_cap = {n.name: max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed}
-    res = _reserve(rigid, node_pools, managed, node_cap, reqs, pinned, errors)
+    res = _reserve(rigid, node_pools, managed, node_cap, reqs, pinned, in_flight)
     if res.by_node:
         reserved = sum(res.by_node.values())
         capacity -= reserved
@@ -463,7 +463,7 @@ def _job_pools(r: JobRecord, pools, pool_of_node, managed_names) -> tuple[tuple[
     return ap, ""
 
 
-def _reserve(rigid, pools, managed, node_cap, reqs, pinned, errors) -> Reservations:
+def _reserve(rigid, pools, managed, node_cap, reqs, pinned, in_flight) -> Reservations:
     """GPUs kept free for pending rigid jobs (pools.reserve_rigid), given the elastic requests."""
     if not rigid:
         return Reservations()
@@ -481,8 +481,9 @@ def _reserve(rigid, pools, managed, node_cap, reqs, pinned, errors) -> Reservati
     for rank, q in enumerate(reqs):
         pool = pinned.get(q.job_id, "")
         if q.running_gpus > 0:
-            committed[pool] += q.spec.min_gpus if not q.frozen else q.running_gpus
-            if q.nodes and q.gpus_per_node:
+            moving = q.frozen or q.job_id in in_flight  # cannot shrink now: it keeps what it has
+            committed[pool] += q.running_gpus if moving else q.spec.min_gpus
+            if q.nodes and q.gpus_per_node and not moving:
                 on_nodes.append(ElasticOnNode(q.job_id, pool, q.running_gpus, q.spec.min_gpus, q.nodes,
                                               q.gpus_per_node, rank))
     res = reserve_rigid(demands, pools, node_cap, {n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},

@@ -168,3 +168,12 @@ def test_rigid_jobs_waiting_for_something_else_than_gpus_get_no_reservation():
             job(9, "PENDING", 4, comment="", held=False, gpn=4, n=1, priority=500, state_reason="Resources")]
     res = build(jobs, nodes).reservations
     assert 8 not in res.jobs and 8 not in res.blocked and 9 in res.jobs
+
+
+def test_a_single_node_elastic_job_gives_up_part_of_its_node_for_a_rigid_job():
+    nodes = [node("n1", 4, used=4)]
+    jobs = [job(1, "RUNNING", 4, ["n1"], held=False),
+            job(9, "PENDING", 1, comment="", held=False, gpn=1, n=1, priority=500)]
+    snap = build(jobs, nodes)
+    assert snap.reservations.jobs[9] == ("gpu:gpu", ("n1",))
+    assert snap.problem.jobs[0].spec.max_gpus == 3 and snap.problem.total_gpus == 3
