@@ -18,8 +18,8 @@ Solution, in three steps:
    ``mu_p >= 0`` splits ``Q`` into one independent choice per job:
    ``L(mu) = sum_j max_(p,c) (v - mu_p w) + sum_p mu_p C_p`` is an upper bound on ``Q``'s optimum
    for every ``mu``; projected subgradient steps lower it (the best is kept). At the best prices each
-   job that may use several pools is assigned the pool of its best choice (if that overfills the
-   admitted minimums of a pool, the admission witnesses are used instead).
+   job that may use several pools is assigned the pool of its best choice; the admitted minimums are
+   then fitted, else the admission witnesses are used, moved toward that choice (:func:`_assign`).
 3. **Per-pool exact DP**: with the pools fixed, each pool is the single-pool problem, solved by the
    exact knapsack and the placement re-solve (:func:`._placement.solve_placeable`).
 
@@ -226,7 +226,8 @@ def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray
 def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
     """Pool per job from the prices' picks. The admitted jobs' minimums are fitted: jobs with one pool
     first, then those with two, ..., each class in priority order, each in the pool the prices chose, else its witness, else
-    any other with room; if that fails, the admission witnesses are used (always feasible)."""
+    any other with room; if that fails, the admission witnesses moved toward the prices' choice
+    (:func:`_from_witness`)."""
     out = {int(q.job[x]): int(q.pool[x]) for x in picks.tolist()}
     room = [int(c.capacity) for c in q.cands]
     P = len(room)
@@ -240,8 +241,35 @@ def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
                 out[j] = i
                 break
         else:
-            out.update(q.witness)
-            return out
+            return _from_witness(q, out)
+    return out
+
+
+def _from_witness(q: PoolQ, prices: dict[int, int]) -> dict[int, int]:
+    """The admission witnesses (feasible), then each admitted job moved to the pool the prices chose
+    where its minimum fits in what is left there (priority order): every step stays feasible."""
+    out = dict(prices)
+    out.update(q.witness)
+    room = [int(c.capacity) for c in q.cands]
+    for j, i in q.witness.items():
+        room[i] -= int(q.minc[j, i])
+    for j in sorted(q.witness):
+        want, was = prices.get(j, q.witness[j]), out[j]
+        if want != was and 0 < q.minc[j, want] <= room[want]:
+            room[want] -= int(q.minc[j, want])
+            room[was] += int(q.minc[j, was])
+            out[j] = want
+    # pools full of minimums: swap pairs of jobs that want each other's pool at the same minimum
+    movers: dict[tuple[int, int, int], list[int]] = {}
+    for j in sorted(q.witness):
+        want, was = prices.get(j, out[j]), out[j]
+        if want != was and q.minc[j, want] == q.minc[j, was]:
+            movers.setdefault((was, want, int(q.minc[j, was])), []).append(j)
+    for (p, r, m), js in movers.items():
+        back = movers.get((r, p, m), [])
+        while js and back:
+            a, b = js.pop(0), back.pop(0)
+            out[a], out[b] = r, p
     return out
 
 
