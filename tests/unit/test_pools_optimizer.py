@@ -101,9 +101,13 @@ def test_required_jobs_get_their_minimum_in_some_pool():
         joint = DPPolicy(admission="joint", starvation_s=float("inf"))
         q = build_q(prob, joint.candidates)
         a = DPPolicy(placement=False).allocate(prob)
+        b = allocate_pools(prob, joint.candidates, placement=False, enumerate_limit=0)  # the prices' path
         for j, req in enumerate(prob.jobs):
             if q.standing[j] == REQUIRED:
                 assert a.jobs[req.job_id].gpus >= req.spec.min_gpus, a.jobs[req.job_id]
+                assert b.jobs[req.job_id].gpus >= req.spec.min_gpus, b.jobs[req.job_id]
+        for p in prob.pools:
+            assert sum(x.gpus for x in b.jobs.values() if x.pool == p.name) <= p.total_gpus
 
 
 def test_faster_type_is_chosen_and_unscaled_jobs_say_so():
