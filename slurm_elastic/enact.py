@@ -118,6 +118,7 @@ class Enactor:
             num_tasks=a.gpus,
             start_now=True,
             admin_comment=a.decision.to_admin_comment(),
+            **{k: x for k in ("partition", "gpu_type") if (x := getattr(a, k, None)) is not None},
         )
         self._step(a, "release")
         self.backend.release(a.job_id)
@@ -281,7 +282,8 @@ def run_cycle(
     the_plan = pl.plan(
         alloc, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
         config=planner_config or pl.PlannerConfig(),
-        node_free=snap.node_free if placement else None,
+        node_free=snap.node_free if placement else None, pools=snap.problem.pools,
+        urgent=snap.reservations.caps,
     )
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).

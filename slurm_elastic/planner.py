@@ -91,6 +91,7 @@ class JobView:
     nodes: tuple[str, ...] = ()  # nodes it runs on (running / in flight)
     gpus_per_node: int = 0  # its GPUs on each of those nodes
     stepped: bool | None = None  # has it reported a training step in its current start? None: unknown
+    partitions: tuple[str, ...] = ()  # the partitions it may run in (several pools: which to pin it to)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class Start:
     decision: Decision
     reason: str = ""
     kind: str = "start"
+    partition: str | None = None  # several pools: pin it to the chosen pool's partition and GPU type
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,8 @@ class Resize:
     decision: Decision
     reason: str = ""
     kind: str = "resize"
+    partition: str | None = None
+    gpu_type: str | None = None
 
     @property
     def is_shrink(self) -> bool:
@@ -189,7 +194,13 @@ class _Placer:
 
     def __init__(self, free: Mapping[str, int], node_size: int):
         self.free = dict(free)
-        self.node_size = node_size
+        self.node_size = self.default_size = node_size
+        self.only: frozenset[str] | None = None  # several pools: the nodes of the job's pool
+
+    def scope(self, pool) -> None:
+        """Place on ``pool``'s nodes (a policies.base.Pool), or anywhere (None)."""
+        self.only = frozenset(n for n, _ in pool.node_capacity) if pool is not None else None
+        self.node_size = (pool.node_size or self.default_size) if pool is not None else self.default_size
 
     def shape(self, v: JobView, k: int) -> tuple[int, int]:
         if v.spec is not None:
@@ -200,7 +211,7 @@ class _Placer:
         return (1, k) if k <= self.node_size else (-(-k // self.node_size), self.node_size)
 
     def take(self, nodes: int, gpn: int) -> list[str] | None:
-        cands = sorted((f, n) for n, f in self.free.items() if f >= gpn)
+        cands = sorted((f, n) for n, f in self.free.items() if f >= gpn and (self.only is None or n in self.only))
         if len(cands) < nodes:
             return None
         chosen = [n for _, n in cands[:nodes]]
@@ -229,6 +240,8 @@ def plan(
     node_size: int,
     config: PlannerConfig = PlannerConfig(),
     node_free: Mapping[str, int] | None = None,
+    pools: Iterable = (),
+    urgent: Iterable[int | str] = (),
 ) -> Plan:
     """The actions that carry ``allocation`` out, under the rules in the module docstring.
 
@@ -245,6 +258,8 @@ def plan(
     waiting: list[JobView] = []
     deferred = 0
     placer = _Placer(node_free, node_size) if node_free is not None else None
+    pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
+    urgent = frozenset(urgent)  # jobs on GPUs reserved for a rigid job (pools.py): a shrink is not deferred
     for i, v in enumerate(views):
         a = allocation.jobs.get(v.job_id)
         if v.status in (IN_FLIGHT, STARTING):
@@ -273,6 +288,9 @@ def plan(
                                       else "same GPU count (batch-only change not worth a restart)")
             continue
         book = books.get(v.job_id, JobBook())
+        if v.job_id in urgent and 0 < a.gpus < v.gpus:
+            shrinks.append(_Pending(v, a, i))
+            continue
         if book.last_change_s is not None and now - book.last_change_s < config.cooldown_s:
             actions[v.job_id] = Leave(v.job_id, f"cooldown ({now - book.last_change_s:.0f}s < {config.cooldown_s:.0f}s)")
             deferred += 1
@@ -331,7 +349,8 @@ def plan(
         d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
         if placer is not None:
             placer.take(nodes, gpn)  # fits in the GPUs it frees
-        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink")
+        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink",
+                                   **_pin(a, v, pool_by))
     for p in starts:
         v, a = p.view, p.alloc
         k, why = a.gpus, a.reason or "policy: start"
@@ -340,6 +359,7 @@ def plan(
             deferred += 1
             continue
         if placer is not None:
+            placer.scope(pool_by.get(a.pool))
             k = _placeable(placer, v, a, config.start_smaller)
             if k == 0:
                 actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
@@ -349,8 +369,8 @@ def plan(
                 why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
                 a = _at(a, v, k)
         committed += k
-        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
-        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why)
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
+        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by))
     for p in grows:
         v, a = p.view, p.alloc
         if committed + a.gpus - v.gpus > capacity:
@@ -358,6 +378,7 @@ def plan(
             deferred += 1
             continue
         if placer is not None:
+            placer.scope(pool_by.get(a.pool))
             placer.give_back(v.nodes, v.gpus_per_node)
             n, g = placer.shape(v, a.gpus)
             if placer.take(n, g) is None:
@@ -368,13 +389,26 @@ def plan(
         if not take_slot(p):
             continue
         committed += a.gpus - v.gpus
-        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
-        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow")
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
+        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
+                                   **_pin(a, v, pool_by))
     ordered = tuple(actions[v.job_id] for v in views if v.job_id in actions)
     # Execution order: holds, shrinks and preemptions first (they return GPUs), then starts, then grows.
     rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 2, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (2 if x.kind == "resize" and not x.is_shrink else 0)))
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
+
+
+def _pin(a: JobAllocation, v: JobView, pool_by: Mapping) -> dict:
+    """The partition and GPU type that pin a job to the pool the policy chose (several pools only):
+    the first of the job's partitions that the pool is in, and the pool's GPU type."""
+    pool = pool_by.get(a.pool)
+    if pool is None:
+        return {}
+    part = next((p for p in v.partitions if p in pool.partitions), None)
+    if part is not None and v.partitions == (part,):
+        part = None  # already its only partition
+    return {"partition": part, "gpu_type": pool.gpu_type or None}
 
 
 def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool) -> int:

@@ -23,6 +23,18 @@ Rules:
   ``running`` if Slurm runs it (current size = its GPUs, batch = its decision's, else the requested
   one); ``starting`` if it is pending, not held and carries a decision (released, Slurm has not
   started it yet: its decision's GPUs are committed); otherwise ``pending``.
+- **Pools** (issue 13, :mod:`slurm_elastic.pools`): the managed nodes grouped by (partitions, GPU type,
+  features, reservations). With one pool the problem is the single-pool one (``pools=()``). With
+  several, each job carries the pools it may use (a running job: the pool of its nodes) and its model
+  per pool GPU type (``model_for_type``; default: Gavel tables per type, else none and the job's model
+  is used unscaled, recorded in ``unscaled_pools``). A pending job that no pool admits, or whose
+  ``--constraint`` is beyond feature names joined by ``&``, is an error (field ``partition`` /
+  ``constraint``).
+- **Rigid jobs** (non-elastic, pending for Resources/Priority, not held) get GPUs reserved in Slurm
+  priority order when they would fit at the elastic minimums (``pools.reserve_rigid``): the reserved
+  GPUs leave the capacity, the node map and ``node_free``; elastic jobs on them are capped below their
+  size; ``Snapshot.reservations`` says what was reserved, for whom, and who waits and why.
+- **Time limits**: a running job whose restart could not pay back before its ``--time`` is frozen.
 - **Priority order** handed to the policy: Slurm priority when set and non-zero (higher first), then
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
@@ -45,7 +57,16 @@ from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord, NodeRecord
 from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
-from slurm_elastic.policies.base import AllocationProblem, JobRequest
+from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
+from slurm_elastic.pools import (
+    ElasticOnNode,
+    NodePool,
+    Reservations,
+    allowed_pools,
+    group_pools,
+    reserve_rigid,
+    rigid_demand,
+)
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.spec import (
     Decision,
@@ -58,6 +79,21 @@ from slurm_elastic.spec import (
 )
 
 ModelFor = Callable[[JobRecord, ElasticSpec], ThroughputModel]
+# Pending reasons of a rigid job that only GPUs hold back: GPUs are reserved only for these (a job waiting
+# for a dependency, a begin time, a QOS/association limit or a down node would leave its GPUs idle).
+RIGID_WAITING = frozenset({"", "None", "Resources", "Priority"})
+# A job's model on another GPU type: (record, spec, its model, GPU type) -> model, or None: no data
+ModelForType = Callable[[JobRecord, ElasticSpec, ThroughputModel, str], "ThroughputModel | None"]
+
+
+def gavel_model_for_type(record: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str):
+    """The default per-type rule (profiles.gavel.model_on_type): a job on a Gavel table
+    (``profile=gavel.<gpu>.<model>``, or a learned model over one) runs on another Gavel GPU type at that
+    type's table; anything else has no per-type data (None: the allocator uses its model unscaled and
+    says so in the job's reason)."""
+    from slurm_elastic.profiles.gavel import model_on_type
+
+    return model_on_type(model, gpu_type)
 
 
 @dataclass(frozen=True)
@@ -89,6 +125,11 @@ class Snapshot:
     decisions: Mapping[int, Decision] = field(default_factory=dict)
     node_free: Mapping[str, int] = field(default_factory=dict)  # free GPUs per managed node, now
     unmanaged: Mapping[int, str] = field(default_factory=dict)  # elastic jobs left alone -> why
+    # Issue 13: the pools (pools.NodePool, in problem order), and the GPUs kept free for pending rigid
+    # jobs (pools.Reservations: per node, per rigid job, and those that wait, with the reason).
+    pools: tuple[NodePool, ...] = ()
+    reservations: Reservations = field(default_factory=Reservations)
+    partitions_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # elastic job -> its partitions
 
 
 class SpecCache:
@@ -207,6 +248,7 @@ def build_problem(
     spec_cache: SpecCache | None = None,
     job_info: JobInfoFor | None = None,
     left_alone: Mapping[int, str] | None = None,
+    model_for_type: ModelForType | None = gavel_model_for_type,
 ) -> Snapshot:
     """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
     ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known;
@@ -220,6 +262,11 @@ def build_problem(
 
     managed = [n for n in nodes if n.usable and (parts is None or set(n.partitions) & parts)]
     managed_names = {n.name for n in managed}
+    node_pools = group_pools(managed)
+    pool_of_node = {n: p.name for p in node_pools for n in p.nodes}
+    allowed: dict[int, tuple[str, ...]] = {}
+    pinned: dict[int, str] = {}
+    rigid: list[JobRecord] = []
     size = node_size or node_size_of(managed)
     managed_gpus = sum(n.gpus_total for n in managed)
 
@@ -243,11 +290,17 @@ def build_problem(
             is_el = False
         if is_el:
             try:
-                specs[r.job_id] = cache.get(r.comment, r.job_id, size)
+                spec = cache.get(r.comment, r.job_id, size)
+                where = _job_pools(r, node_pools, pool_of_node, managed_names)
+                allowed[r.job_id], pinned[r.job_id] = where
+                specs[r.job_id] = spec
                 elastic.append(r)
                 continue
             except SpecError as e:
                 errors[r.job_id] = e
+        elif (r.is_pending and not r.held and managed_partition(r.partition) and not is_elastic_comment(r.comment)
+              and (r.gpus_total > 0 or r.gpus_per_node > 0) and r.state_reason in RIGID_WAITING):
+            rigid.append(r)
         if r.is_running and r.gpus_total > 0:
             on = [n for n in r.nodes if n in managed_names]
             if r.nodes and not on:
@@ -264,6 +317,7 @@ def build_problem(
     capacity = managed_gpus - non_elastic_gpus
 
     elastic.sort(key=_priority_key)
+    rigid.sort(key=_priority_key)
     reqs: list[JobRequest] = []
     views: list[JobView] = []
     decisions: dict[int, Decision] = {}
@@ -335,12 +389,22 @@ def build_problem(
         facts = getattr(model, "facts", None)
         known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
         stepped = (r.restart_count in facts.stepped_restarts) if known else None
-        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped)
+        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
+                       r.partitions)
         cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         reqs.append(_with_info(req, r, job_info))
         views.append(view)
 
-    if non_elastic_per_node:
+    node_cap = {n.name: max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed}
+    res = _reserve(rigid, node_pools, managed, node_cap, reqs, pinned, in_flight)
+    if res.by_node:
+        reserved = sum(res.by_node.values())
+        capacity -= reserved
+        node_cap = {n: max(0, c - res.by_node.get(n, 0)) for n, c in node_cap.items()}
+    reqs = _pool_requests(reqs, res, allowed, pinned, node_pools, elastic, model_for_type, now, size, capacity)
+    if res.by_node:
+        free_per_node = tuple(node_cap[n.name] for n in managed) or None
+    elif non_elastic_per_node:
         free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None
     else:
         free_per_node = tuple(n.gpus_total for n in managed) or None
@@ -351,7 +415,10 @@ def build_problem(
         horizon_s=horizon_s,
         allow_preemption=allow_preemption,
         free_gpus_per_node=free_per_node,
-        node_capacity=tuple((n.name, max(0, n.gpus_total - non_elastic_per_node[n.name])) for n in managed) or None,
+        node_capacity=tuple((n.name, node_cap[n.name]) for n in managed) or None,
+        pools=tuple(Pool(p.name, p.gpu_type, p.key.partitions, tuple((n, node_cap[n]) for n in p.nodes),
+                         node_size_of(n for n in managed if pool_of_node[n.name] == p.name))
+                    for p in node_pools) if len(node_pools) > 1 else (),
     )
     return Snapshot(
         problem=problem,
@@ -364,6 +431,97 @@ def build_problem(
         non_elastic_gpus=non_elastic_gpus,
         node_size=size,
         decisions=decisions,
-        node_free={n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},
+        node_free={n.name: max(0, n.gpus_total - n.gpus_used - res.by_node.get(n.name, 0)) for n in managed},
         unmanaged=unmanaged,
+        pools=tuple(node_pools),
+        reservations=res,
+        partitions_of={r.job_id: r.partitions for r in elastic if r.job_id in specs},
     )
+
+
+def _job_pools(r: JobRecord, pools, pool_of_node, managed_names) -> tuple[tuple[str, ...], str]:
+    """(the pools job ``r`` may use, the pool it runs in now or ""). A running job stays in the pool
+    of its nodes (it is never moved between pools while it runs); a pending one that no pool admits is
+    reported as its bad input (SpecError), naming what it asked for."""
+    ap = allowed_pools(r, pools)
+    if r.is_running:
+        on = [pool_of_node[n] for n in r.nodes if n in managed_names]
+        if on:
+            now = Counter(on).most_common(1)[0][0]
+            return (now,), now
+        return ap, ""
+    if not ap:
+        what = [f"partition {r.partition!r}"]
+        if r.gpu_type:
+            what.append(f"gres type {r.gpu_type!r}")
+        if r.constraint:
+            what.append(f"constraint {r.constraint!r}")
+        if r.reservation:
+            what.append(f"reservation {r.reservation!r}")
+        raise SpecError("no managed, usable nodes match its " + ", ".join(what) + ": not placed",
+                        job_id=r.job_id, field="partition")
+    return ap, ""
+
+
+def _reserve(rigid, pools, managed, node_cap, reqs, pinned, in_flight) -> Reservations:
+    """GPUs kept free for pending rigid jobs (pools.reserve_rigid), given the elastic requests."""
+    if not rigid:
+        return Reservations()
+    demands = []
+    blocked: dict[int, str] = {}
+    for r in rigid:
+        try:
+            d = rigid_demand(r, pools)
+        except SpecError as e:
+            blocked[r.job_id] = str(e)  # its constraint is beyond the daemon: Slurm alone places it
+            continue
+        if d is not None:
+            demands.append(d)
+    on_nodes, committed = [], Counter()
+    for rank, q in enumerate(reqs):
+        pool = pinned.get(q.job_id, "")
+        if q.running_gpus > 0:
+            moving = q.frozen or q.job_id in in_flight  # cannot shrink now: it keeps what it has
+            committed[pool] += q.running_gpus if moving else q.spec.min_gpus
+            if q.nodes and q.gpus_per_node and not moving:
+                on_nodes.append(ElasticOnNode(q.job_id, pool, q.running_gpus, q.spec.min_gpus, q.nodes,
+                                              q.gpus_per_node, rank))
+    res = reserve_rigid(demands, pools, node_cap, {n.name: max(0, n.gpus_total - n.gpus_used) for n in managed},
+                        {n.name: n.gpus_total for n in managed}, on_nodes, committed)
+    res.blocked.update(blocked)
+    return res
+
+
+def _pool_requests(reqs, res, allowed, pinned, pools, records, model_for_type, now, size, capacity):
+    """The requests with what issue 13 adds: pools and per-pool models (several pools only), shrink caps
+    on jobs that sit on GPUs reserved for rigid jobs, and no rescale a job's time limit cannot repay."""
+    recs = {r.job_id: r for r in records}
+    by_name = {p.name: p for p in pools}
+    multi = len(pools) > 1
+    out = []
+    for q in reqs:
+        r = recs.get(q.job_id)
+        cap = res.caps.get(q.job_id)
+        if cap is not None and q.running_gpus > 0 and cap < q.running_gpus:
+            q = replace(q, spec=replace(q.spec, max_gpus=max(q.spec.min_gpus, cap)))
+        if r is not None and q.running_gpus > 0 and not q.frozen and r.time_limit_s and r.start_time is not None:
+            left = r.start_time + r.time_limit_s - now
+            best = min(q.spec.max_gpus, max(capacity, 0)) / q.running_gpus  # a linear grow: the most a rescale gains
+            if left <= q.restart_s or best * (left - q.restart_s) <= left:
+                q = replace(q, frozen=True)
+        if multi and r is not None:
+            names = allowed.get(q.job_id, ())
+            models, unscaled = [], []
+            for name in names:
+                t = by_name[name].gpu_type
+                if not t:
+                    continue  # an untyped pool: the job's own model, nothing to scale
+                m = model_for_type(r, q.spec, q.model, t) if model_for_type else None
+                if m is None:
+                    unscaled.append(name)
+                elif m is not q.model:
+                    models.append((name, m))
+            q = replace(q, pools=names, pool=pinned.get(q.job_id, ""), pool_models=tuple(models),
+                        unscaled_pools=tuple(unscaled))
+        out.append(q)
+    return out

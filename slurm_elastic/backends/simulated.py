@@ -20,8 +20,12 @@ It behaves like the parts of Slurm the daemon uses, and models what a job does:
   acknowledges (:meth:`checkpoint_acked`); it keeps its GPUs until ``requeue_hold``.
 - ``requeue_hold``: the job goes back to pending and held and frees its GPUs. Work since its last
   checkpoint is lost (none, after an acknowledged checkpoint).
-- ``update_job`` (pending jobs only) sets GPUs per node, node count and admin comment;
-  ``release`` lets Slurm start it.
+- ``update_job`` (pending jobs only) sets GPUs per node, node count and admin comment (and the
+  partition and GPU type); ``release`` lets Slurm start it.
+- **Issue 13**: ``groups`` gives node groups ``(count, GPUs per node, partition, GPU type)`` instead of
+  one uniform partition; a job runs only on nodes of one group that is in one of its partitions and
+  of its GPU type ("" = any), and an elastic job on a Gavel table runs at its type's table there
+  (``profiles.gavel.model_on_type``). ``drain(node)`` takes a node out of scheduling (its jobs run on).
 
 The clock only moves through :meth:`advance_to`, which processes the internal events (start-up done,
 checkpoint written, job complete) in time order. Time integrals (GPU-seconds in use, GPU-seconds
@@ -98,6 +102,7 @@ class SimJob:
     startup_gpu_s: float = 0.0
     rescales: int = 0
     record: JobRecord | None = None
+    gpu_type: str = ""  # requested GPU type ("" = any)
     batch: int = 0
     local_batch: int = 0
     accum: int = 1
@@ -125,15 +130,24 @@ class SimulatedSlurm(SlurmBackend):
         restart_s: float = 35.0,
         startup_s: float = 0.0,
         first_job_id: int = 1,
+        groups=None,
     ):
+        if groups:
+            groups = [(int(c), int(g), str(p), str(t)) for c, g, p, t in groups]
+            nodes = sum(c for c, *_ in groups)
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("a simulated cluster needs at least one node with one GPU")
         self.now = 0.0
-        self.partition = partition
+        groups = groups or [(nodes, gpus_per_node, partition, "")]
+        self.node_size = [g for c, g, _, _ in groups for _ in range(c)]
+        self.node_part = [p for c, _, p, _ in groups for _ in range(c)]
+        self.node_type = [t for c, _, _, t in groups for _ in range(c)]
+        self.partition = ",".join(dict.fromkeys(self.node_part))  # a job without one may use every partition
         self.node_names = [f"sim{i:04d}" for i in range(nodes)]
-        self.node_gpus = gpus_per_node
-        self.free = [gpus_per_node] * nodes
-        self.total_gpus = nodes * gpus_per_node
+        self.node_gpus = max(self.node_size)
+        self.free = list(self.node_size)
+        self.total_gpus = sum(self.node_size)
+        self.drained: set[int] = set()
         self.checkpoint_s = checkpoint_s
         self.restart_s = restart_s
         self.startup_s = startup_s
@@ -171,6 +185,8 @@ class SimulatedSlurm(SlurmBackend):
         checkpoint_s: float | None = None,
         restart_s: float | None = None,
         startup_s: float | None = None,
+        partition: str | None = None,
+        gpu_type: str = "",
     ) -> int:
         if (total_samples is None) == (duration_s is None):
             raise ValueError("a simulated job needs exactly one of total_samples (elastic) or duration_s")
@@ -185,7 +201,8 @@ class SimulatedSlurm(SlurmBackend):
             job_id=job_id,
             name=name,
             user=user,
-            partition=self.partition,
+            partition=partition or self.partition,
+            gpu_type=gpu_type,
             comment=comment,
             submit_time=self.now,
             gpus_per_node=gpus_per_node,
@@ -348,7 +365,12 @@ class SimulatedSlurm(SlurmBackend):
             if split is None:
                 raise SlurmError(f"job {j.job_id}: requested batch {b} cannot run on {j.gpus} GPUs")
             j.batch, j.local_batch, j.accum = b, split[0], split[1]
-        rate = j.model.samples_per_s(j.gpus, j.num_nodes, j.local_batch, j.accum)
+        model = j.model
+        if j.nodes and self.node_type[j.nodes[0]]:
+            from slurm_elastic.profiles.gavel import model_on_type
+
+            model = model_on_type(j.model, self.node_type[j.nodes[0]]) or j.model
+        rate = model.samples_per_s(j.gpus, j.num_nodes, j.local_batch, j.accum)
         if j.grad_trace is not None:
             rate *= j.grad_trace.efficiency(j.batch, j.processed)
         elif j.efficiency is not None:
@@ -392,21 +414,38 @@ class SimulatedSlurm(SlurmBackend):
             j = self.jobs[job_id]
             if j.state != PENDING or j.held:
                 continue
-            nodes = self._place(j.gpus_per_node, j.num_nodes)
+            nodes = self._place(j.gpus_per_node, j.num_nodes, j)
             if nodes is None:
                 still.append(job_id)
             else:
                 self._start(j, nodes)
         self._queue = still
 
-    def _place(self, gpn: int, count: int) -> list[int] | None:
+    def _place(self, gpn: int, count: int, j: SimJob | None = None) -> list[int] | None:
         if gpn * count > self.total_gpus - self.in_use:
             return None
-        cands = [i for i, f in enumerate(self.free) if f >= gpn]
+        parts = set(j.partition.split(",")) if j is not None else None
+        want = j.gpu_type if j is not None else ""
+        cands = [i for i, f in enumerate(self.free) if f >= gpn and i not in self.drained
+                 and (parts is None or self.node_part[i] in parts) and (not want or self.node_type[i] == want)]
         if len(cands) < count:
             return None
-        cands.sort(key=lambda i: (self.free[i], i))
-        return cands[:count]
+        # one group (partition x type): best fit inside the first group that holds the job
+        by: dict = {}
+        for i in cands:
+            by.setdefault((self.node_part[i], self.node_type[i]), []).append(i)
+        for group in by.values():
+            if len(group) >= count:
+                group.sort(key=lambda i: (self.free[i], i))
+                return group[:count]
+        return None
+
+    def drain(self, name: str) -> None:
+        """Take a node out of scheduling (Slurm's DRAIN): what runs there runs on, nothing new starts."""
+        i = self.node_names.index(name)
+        self.drained.add(i)
+        self._node_recs[i] = None
+        self._nodes_cache = None
 
     def _get(self, job_id: int) -> SimJob:
         j = self.active.get(job_id)
@@ -424,6 +463,7 @@ class SimulatedSlurm(SlurmBackend):
                     name=j.name,
                     user=j.user,
                     partition=j.partition,
+                    gpu_type=j.gpu_type,
                     state=j.state,
                     state_reason=j.hold_reason if j.held else "",
                     gpus_per_node=j.gpus_per_node,
@@ -455,9 +495,11 @@ class SimulatedSlurm(SlurmBackend):
             recs = self._node_recs
             for i, rec in enumerate(recs):
                 if rec is None:
-                    used = self.node_gpus - self.free[i]
-                    state = "IDLE" if used == 0 else ("ALLOCATED" if used == self.node_gpus else "MIXED")
-                    recs[i] = NodeRecord(self.node_names[i], state, (), self.node_gpus, used, 0, (self.partition,))
+                    size = self.node_size[i]
+                    used = size - self.free[i]
+                    state = "IDLE" if used == 0 else ("ALLOCATED" if used == size else "MIXED")
+                    recs[i] = NodeRecord(self.node_names[i], state, ("DRAIN",) if i in self.drained else (), size,
+                                         used, 0, (self.node_part[i],), self.node_type[i])
             self._nodes_cache = list(recs)
         return list(self._nodes_cache)
 
@@ -510,6 +552,8 @@ class SimulatedSlurm(SlurmBackend):
         num_tasks: int | None = None,
         start_now: bool = False,
         admin_comment: str | None = None,
+        partition: str | None = None,
+        gpu_type: str | None = None,
     ) -> None:
         j = self._get(job_id)
         if j.state != PENDING:
@@ -525,6 +569,10 @@ class SimulatedSlurm(SlurmBackend):
             j.num_nodes = num_nodes
         if admin_comment is not None:
             j.admin_comment = admin_comment
+        if partition is not None:
+            j.partition = partition
+        if gpu_type is not None:
+            j.gpu_type = gpu_type
 
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         j = self._get(job_id)

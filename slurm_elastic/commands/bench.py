@@ -321,8 +321,15 @@ def _common(f):
 @click.option("--solvers", default=",".join(SOLVERS), show_default=True, help="Comma-separated subset.")
 @click.option("--grid", is_flag=True, help="Also print a table of dp time against jobs and GPUs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def allocator(jobs, gpus, seed, node_size, admission, repeats, timeout_s, max_ref_ops, solvers, grid, as_json):
+@click.option("--pools", type=click.IntRange(1), default=1, show_default=True,
+              help="Split the instance into this many pools: time the multi-pool optimizer (bench_pools.py).")
+def allocator(jobs, gpus, seed, node_size, admission, repeats, timeout_s, max_ref_ops, solvers, grid, as_json, pools):
     """Time the allocator's solvers on one random instance from the measured profiles."""
+    if pools > 1:
+        from slurm_elastic.commands import bench_pools
+
+        bench_pools.echo(bench_pools.run(jobs, gpus, seed, node_size, pools, admission, repeats), as_json)
+        return
     names = [s.strip() for s in solvers.split(",") if s.strip()]
     bad = [s for s in names if s not in SOLVERS]
     if bad:

@@ -40,6 +40,10 @@ class JobRequest:
     # job's current pool is ``pool`` ("" in a single-pool problem).
     pools: tuple[str, ...] = ()
     pool: str = ""
+    # Its throughput model per pool whose GPU type has its own data (pool name, model); other pools use
+    # ``model``. ``unscaled_pools``: typed pools where it has no per-type data (``model`` used unscaled).
+    pool_models: tuple[tuple[str, ThroughputModel], ...] = ()
+    unscaled_pools: tuple[str, ...] = ()
 
     @property
     def is_running(self) -> bool:
@@ -60,6 +64,7 @@ class Pool:
     gpu_type: str = ""
     partitions: tuple[str, ...] = ()
     node_capacity: tuple[tuple[str, int], ...] = ()
+    node_size: int = 0  # its most common node GPU count (0: the problem's node_size)
 
     @property
     def total_gpus(self) -> int:
@@ -107,6 +112,9 @@ class Allocation:
     objective: float = 0.0
     solve_s: float = 0.0
     policy: str = ""
+    # A proven upper bound on ``objective``'s optimum when the solver is not exact (several pools:
+    # policies/_pools.py); ``bound - objective`` is the optimality gap. None: solved exactly.
+    bound: float | None = None
 
     def gpus_used(self) -> int:
         return sum(a.gpus for a in self.jobs.values())

@@ -58,6 +58,13 @@ class DPPolicy(Policy):
                                starvation_s=self.starvation_s, efficiency=eff, objective=value)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
+        if len(problem.pools) > 1:  # several pools (issue 13): policies/_pools.py
+            from slurm_elastic.policies._pools import allocate_pools
+
+            value, goodput = self.OBJECTIVES[self.objective]
+            joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=self.objective)
+            return allocate_pools(problem, joint.candidates, admission=self.admission, starvation_s=self.starvation_s,
+                                  objective=value, placement=self.placement, name=self.name)
         t0 = time.perf_counter()
         plan = self.candidates(problem)
         chosen = solve_placeable(plan) if self.placement else mckp(plan.offsets, plan.weights, plan.values,

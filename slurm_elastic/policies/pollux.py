@@ -30,6 +30,13 @@ class PolluxDPPolicy(Policy):
     def allocate(self, problem: AllocationProblem) -> Allocation:
         from slurm_elastic.profiles.goodput import efficiency_for_request
 
+        if len(problem.pools) > 1:  # several pools (issue 13): policies/_pools.py
+            from slurm_elastic.policies._pools import allocate_pools
+
+            def joint(sub):
+                return make_candidates(sub, admission="joint", starvation_s=float("inf"),
+                                       efficiency=efficiency_for_request, objective="pnorm", p=self.p, fair_ref=True)
+            return allocate_pools(problem, joint, starvation_s=self.starvation_s, objective="pnorm", name=self.name)
         t0 = time.perf_counter()
         cand = make_candidates(problem, starvation_s=self.starvation_s, efficiency=efficiency_for_request,
                                objective="pnorm", p=self.p, fair_ref=True)

@@ -116,3 +116,17 @@ class GavelModel(ThroughputModel):
 @cache
 def gavel_model(gpu: str, model: str) -> GavelModel:
     return GavelModel(gpu, model)
+
+
+def model_on_type(model: ThroughputModel, gpu_type: str) -> ThroughputModel | None:
+    """A job's model on another GPU type: a Gavel table (or a model wrapping one, ``.inner``) on a Gavel
+    type (k80, p100, v100) runs at that type's table; None: no per-type data for it."""
+    base = model
+    for _ in range(3):
+        if isinstance(base, GavelModel):
+            break
+        base = getattr(base, "inner", None)
+    t = (gpu_type or "").lower()
+    if not isinstance(base, GavelModel) or t not in GAVEL_GPUS:
+        return None
+    return model if t == base.gpu else gavel_model(t, base.model)

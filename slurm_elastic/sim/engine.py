@@ -59,6 +59,9 @@ class SimConfig:
     ack_timeout_s: float = 600.0
     work_model: str = "samples"  # "samples" (the paper's) or "goodput" (Pollux statistical efficiency)
     report_progress: bool = True  # jobs report the work they have left (JobRequest.remaining_samples)
+    # Issue 13: node groups (count, GPUs per node, partition, GPU type) instead of nodes x gpus_per_node
+    # in one partition (gpus_per_node still shapes rigid jobs); see backends/simulated.py.
+    groups: tuple[tuple[int, int, str, str], ...] | None = None
 
     @property
     def rescale_cost_s(self) -> float:
@@ -66,6 +69,8 @@ class SimConfig:
 
     @property
     def total_gpus(self) -> int:
+        if self.groups:
+            return sum(c * g for c, g, _, _ in self.groups)
         return self.nodes * self.gpus_per_node
 
 
@@ -141,7 +146,7 @@ class Simulation:
         wall0 = time.perf_counter()
         backend = SimulatedSlurm(
             cfg.nodes, cfg.gpus_per_node, checkpoint_s=cfg.checkpoint_s, restart_s=cfg.restart_s,
-            startup_s=cfg.startup_s,
+            startup_s=cfg.startup_s, groups=cfg.groups,
         )
         enactor = Enactor(backend, clock=lambda: backend.now, ack_timeout_s=cfg.ack_timeout_s)
         state = CycleState()

@@ -1,0 +1,382 @@
+"""Several pools (issue 13): choose each job's pool as well as its GPU count and batch.
+
+The problem ``Q``: every job picks at most one (pool, choice) among the pools it may use (a running
+job: only the pool it runs in; it is never moved while it runs); each pool's GPUs bound the counts
+chosen there; jobs admitted in priority order must get at least their minimum somewhere. A choice's
+value is the single-pool value (:mod:`._candidates`) built with the job's model for that pool's GPU
+type, scaled by ``ref_p / ref_best`` (its throughput at its minimum in that pool over the best pool it
+may use), so that a GPU type that runs the job faster is worth more. A job with no per-type data
+runs its one model in every pool, and its reason says so.
+
+Solution, in three steps:
+
+1. **Admission** across pools, in priority order: a pending job is admitted if its minimum fits in
+   what running minimums and higher-priority admitted jobs leave in one of its pools (that pool is a
+   witness, so admission is always feasible). A blocked job that has waited ``starvation_s`` closes
+   its pools to later jobs (jobs on other pools go on).
+2. **Lagrangian prices on the pool capacities**: relaxing every pool's capacity with a price
+   ``mu_p >= 0`` splits ``Q`` into one independent choice per job:
+   ``L(mu) = sum_j max_(p,c) (v - mu_p w) + sum_p mu_p C_p`` is an upper bound on ``Q``'s optimum
+   for every ``mu``; projected subgradient steps lower it (the best is kept). At the best prices each
+   job that may use several pools is assigned the pool of its best choice; the admitted minimums are
+   then fitted, else the admission witnesses are used, moved toward that choice (:func:`_assign`).
+3. **Per-pool exact DP**: with the pools fixed, each pool is the single-pool problem, solved by the
+   exact knapsack and the placement re-solve (:func:`._placement.solve_placeable`).
+
+When the jobs that may use several pools admit at most ``enumerate_limit`` assignments in all, step
+2's assignment is replaced by trying every one (then the answer is ``Q``'s optimum up to placement).
+The answer reports ``bound``: ``L`` at the best prices (or the exact optimum when enumerated); the
+optimality gap is ``bound - objective`` and includes anything lost to node placement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from slurm_elastic.policies._candidates import ADMITTED, NOT_ADMITTED, OPTIONAL, Candidates, build_allocation
+from slurm_elastic.policies._mckp import mckp
+from slurm_elastic.policies._placement import solve_placeable
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation
+
+REQUIRED, FREE = 1, 2  # a job's standing in Q: must get its minimum somewhere / may get nothing
+
+
+@dataclass
+class PoolQ:
+    """``Q`` as flat arrays: one item per (job, pool, choice). Built once per allocation."""
+
+    cands: list[Candidates]  # per pool: the single-pool candidates (joint admission, no starvation)
+    local: list[dict[int, int]]  # per pool: problem job index -> index in that pool's sub-problem
+    standing: list[int]  # per problem job: REQUIRED, FREE or 0 (nothing this cycle)
+    reasons: dict[int, str]
+    witness: dict[int, int]  # admitted pending job -> pool whose minimums admitted it
+    job: np.ndarray  # per item: problem job index
+    pool: np.ndarray  # per item: pool index
+    flat: np.ndarray  # per item: index into that pool's candidate arrays
+    weight: np.ndarray  # per item: GPUs (absolute count)
+    value: np.ndarray  # per item: scaled value
+    capacity: np.ndarray  # per pool: GPUs
+    scale: dict[tuple[int, int], float]  # (job, pool) -> ref_p / ref_best
+    minc: np.ndarray  # (job, pool) -> its minimum count there (0: no choice there)
+
+
+def _sub_problems(problem: AllocationProblem):
+    names = {p.name: i for i, p in enumerate(problem.pools)}
+    node_pool = {n: i for i, p in enumerate(problem.pools) for n, _ in p.node_capacity}
+    allowed: list[tuple[int, ...]] = []
+    for req in problem.jobs:
+        if req.running_gpus > 0 and req.pool in names:
+            allowed.append((names[req.pool],))
+        elif req.running_gpus > 0 and req.nodes:
+            where = Counter(node_pool[n] for n in req.nodes if n in node_pool)
+            allowed.append((where.most_common(1)[0][0],) if where else ())
+        else:
+            ps = tuple(names[n] for n in req.pools if n in names) if req.pools else tuple(range(len(names)))
+            allowed.append(ps)
+    members: list[list[int]] = [[] for _ in problem.pools]
+    for j, a in enumerate(allowed):
+        for i in a:
+            members[i].append(j)
+    subs = []
+    for i, pool in enumerate(problem.pools):
+        jobs = []
+        for j in members[i]:
+            req = problem.jobs[j]
+            model = dict(req.pool_models).get(pool.name, req.model) if req.pool_models else req.model
+            jobs.append(req if model is req.model else replace(req, model=model))
+        subs.append(AllocationProblem(
+            total_gpus=pool.total_gpus, node_size=pool.node_size or problem.node_size, jobs=tuple(jobs),
+            horizon_s=problem.horizon_s, allow_preemption=problem.allow_preemption,
+            node_capacity=pool.node_capacity or None))
+    return allowed, subs, members
+
+
+def build_q(problem: AllocationProblem, candidates, *, admission: str = "priority",
+            starvation_s: float = 3600.0, objective: str = "speedup") -> PoolQ:
+    """``candidates(sub_problem)``: the policy's single-pool candidates with every pending job OPTIONAL
+    (joint admission, no starvation); running jobs admitted at their minimum."""
+    allowed, subs, members = _sub_problems(problem)
+    cands = [candidates(s) for s in subs]
+    n, P = len(problem.jobs), len(subs)
+    local = [{j: k for k, j in enumerate(m)} for m in members]
+    # per pool and optimised job: its problem index, flat range and minimum count (the first non-zero
+    # choice: an OPTIONAL job's choices start with the zero choice)
+    seg = []
+    minc = np.zeros((n, P), np.int64)  # 0: the job has no choice in that pool
+    refs = np.zeros((n, P))
+    for i, c in enumerate(cands):
+        gj = np.asarray(members[i], np.int64)[c.dp_jobs] if c.dp_jobs.size else np.zeros(0, np.int64)
+        lo, hi = c.offsets[:-1], c.offsets[1:]
+        counts = c.cols[0].astype(np.int64)
+        first = counts[lo] if lo.size else np.zeros(0, np.int64)
+        second = counts[np.minimum(lo + 1, max(counts.size - 1, 0))] if lo.size else first
+        m = np.where(first > 0, first, np.where(hi - lo > 1, second, 0))
+        minc[gj, i] = m
+        refs[gj, i] = np.asarray(c.refs)[c.dp_jobs] if c.dp_jobs.size else 0.0
+        seg.append((gj, lo, hi, counts))
+    ref_best = np.where(minc > 0, refs, 0.0).max(axis=1) if P else np.zeros(n)
+    absolute = np.array([objective == "completion" and r.remaining_samples is not None for r in problem.jobs])
+    flat_scale = (absolute | (objective == "pnorm") | (ref_best <= 0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(flat_scale[:, None], 1.0, refs / np.where(ref_best > 0, ref_best, 1.0)[:, None])
+    scale = {(j, i): float(sc[j, i]) for j in range(n) for i in allowed[j] if minc[j, i] > 0}
+    # admission across pools
+    standing = np.zeros(n, np.int64)
+    reasons: dict[int, str] = {}
+    witness: dict[int, int] = {}
+    free = [int(c.capacity) for c in cands]
+    closed: set[int] = set()
+    for j, req in enumerate(problem.jobs):
+        opts = [i for i in allowed[j] if minc[j, i] > 0]
+        if req.running_gpus > 0:
+            if opts and cands[opts[0]].status[local[opts[0]][j]] == ADMITTED:
+                standing[j] = REQUIRED
+            else:
+                i = allowed[j][0] if allowed[j] else None
+                reasons[j] = (cands[i].reasons.get(local[i][j]) if i is not None else None) or \
+                    "stopped: its pool no longer holds its minimum"
+            continue
+        if not opts:
+            why = [cands[i].reasons.get(local[i][j]) for i in allowed[j]]
+            reasons[j] = next((w for w in why if w), "pending: no pool it may use can run it")
+            continue
+        starving = req.wait_s >= starvation_s
+        if closed and set(opts) & closed:
+            reasons[j] = "pending: held for a starving job in its pools"
+            continue
+        if admission == "joint" and not starving:
+            standing[j] = FREE
+            continue
+        fits = [i for i in opts if minc[j, i] <= free[i]]
+        if fits:
+            i = max(fits, key=lambda i: (sc[j, i], free[i]))
+            standing[j], witness[j] = REQUIRED, i
+            free[i] -= int(minc[j, i])
+        else:
+            need = min(int(minc[j, i]) for i in opts)
+            reasons[j] = (f"pending: needs {need} GPUs, {max(free[i] for i in opts)} left after "
+                          "higher-priority minimums in its pools")
+            if starving:
+                closed.update(opts)
+    # items, vectorised per pool
+    J, Pi, F, W, V = [], [], [], [], []
+    for i, (gj, lo, hi, counts) in enumerate(seg):
+        if not gj.size:
+            continue
+        lens = hi - lo
+        jf = np.repeat(gj, lens)
+        st = standing[jf]
+        cnt = counts[:int(hi[-1])] if hi.size else counts
+        keep = (st > 0) & ~((st == REQUIRED) & (cnt == 0))
+        idx = np.flatnonzero(keep)
+        jf = jf[idx]
+        v = cands[i].values[idx] * np.where(cnt[idx] > 0, sc[jf, i], 1.0)
+        J.append(jf)
+        Pi.append(np.full(idx.size, i, np.int64))
+        F.append(idx)
+        W.append(cnt[idx])
+        V.append(v)
+    def cat(xs, dt):
+        return np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
+
+    job_a = cat(J, np.int64)
+    order = np.argsort(job_a, kind="stable")
+    return PoolQ(cands, local, standing.tolist(), reasons, witness, job_a[order], cat(Pi, np.int64)[order],
+                 cat(F, np.int64)[order], cat(W, np.int64)[order], cat(V, np.float64)[order],
+                 np.array([s.total_gpus for s in subs], np.int64), scale, minc)
+
+
+def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
+    """``(best bound L(mu), its prices mu, the item each job picks at those prices)``."""
+    P = q.capacity.size
+    if q.job.size == 0:
+        return 0.0, np.zeros(P), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, q.job[1:] != q.job[:-1]])
+    ends = np.r_[starts[1:], q.job.size]
+    pos = q.weight > 0
+    ratio = q.value[pos] / q.weight[pos]
+    unit = float(np.median(np.abs(ratio))) if ratio.size else 1.0
+    unit = unit if unit > 0 else 1.0
+    mu = np.zeros(P)
+    best = (math.inf, mu.copy(), None)
+    cap = np.maximum(q.capacity.astype(np.float64), 1.0)
+    for t in range(iters):
+        adj = q.value - mu[q.pool] * q.weight
+        top = np.maximum.reduceat(adj, starts)
+        # the first item of each job attaining its maximum
+        hit = adj >= np.repeat(top, ends - starts) - 1e-12
+        first = np.minimum.reduceat(np.where(hit, np.arange(adj.size), adj.size), starts)
+        L = float(top.sum() + mu @ q.capacity)
+        if L < best[0]:
+            best = (L, mu.copy(), first)
+        used = np.bincount(q.pool[first], weights=q.weight[first], minlength=P)
+        g = (q.capacity - used) / cap  # a subgradient of L, per unit of capacity
+        if not (g < 0).any() and not ((mu > 0) & (g > 0)).any():
+            break  # complementary slackness: these prices are optimal for the relaxation
+        mu = np.maximum(0.0, mu - unit * 2.0 / math.sqrt(t + 1) * g)
+    return best
+
+
+def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
+    """Pool per job from the prices' picks. The admitted jobs' minimums are fitted: jobs with one pool
+    first, then those with two, ..., each class in priority order, each in the pool the prices chose, else its witness, else
+    any other with room; if that fails, the admission witnesses moved toward the prices' choice
+    (:func:`_from_witness`)."""
+    out = {int(q.job[x]): int(q.pool[x]) for x in picks.tolist()}
+    room = [int(c.capacity) for c in q.cands]
+    P = len(room)
+    # the most constrained first (jobs with one pool, then two, ...), each class in priority order
+    order = sorted(q.witness, key=lambda j: (int((q.minc[j] > 0).sum()), j))
+    for j in order:
+        prefer = [out.get(j, q.witness[j]), q.witness[j]] + list(range(P))
+        for i in prefer:
+            if q.minc[j, i] > 0 and q.minc[j, i] <= room[i]:
+                room[i] -= int(q.minc[j, i])
+                out[j] = i
+                break
+        else:
+            return _from_witness(q, out)
+    return out
+
+
+def _from_witness(q: PoolQ, prices: dict[int, int]) -> dict[int, int]:
+    """The admission witnesses (feasible), then each admitted job moved to the pool the prices chose
+    where its minimum fits in what is left there (priority order): every step stays feasible."""
+    out = dict(prices)
+    out.update(q.witness)
+    room = [int(c.capacity) for c in q.cands]
+    for j, i in q.witness.items():
+        room[i] -= int(q.minc[j, i])
+    for j in sorted(q.witness):
+        want, was = prices.get(j, q.witness[j]), out[j]
+        if want != was and 0 < q.minc[j, want] <= room[want]:
+            room[want] -= int(q.minc[j, want])
+            room[was] += int(q.minc[j, was])
+            out[j] = want
+    # pools full of minimums: swap pairs of jobs that want each other's pool at the same minimum
+    movers: dict[tuple[int, int, int], list[int]] = {}
+    for j in sorted(q.witness):
+        want, was = prices.get(j, out[j]), out[j]
+        if want != was and q.minc[j, want] == q.minc[j, was]:
+            movers.setdefault((was, want, int(q.minc[j, was])), []).append(j)
+    for (p, r, m), js in movers.items():
+        back = movers.get((r, p, m), [])
+        while js and back:
+            a, b = js.pop(0), back.pop(0)
+            out[a], out[b] = r, p
+    return out
+
+
+def _solve_pool(q: PoolQ, i: int, assign: dict[int, int], placement: bool, name: str):
+    """Pool ``i``'s exact DP for the jobs assigned to it; returns its Allocation (sub-problem ids)."""
+    c = q.cands[i]
+    inv = {k: j for j, k in q.local[i].items()}
+    keep_jobs, pieces_idx, weights, values = [], [], [], []
+    status = list(c.status)
+    reasons = dict(c.reasons)
+    capacity = int(c.capacity)
+    for p, k in enumerate(c.dp_jobs.tolist()):
+        j = inv[k]
+        lo, hi = int(c.offsets[p]), int(c.offsets[p + 1])
+        if assign.get(j) != i or not q.standing[j]:
+            status[k] = NOT_ADMITTED
+            reasons.setdefault(k, q.reasons.get(j, "in another pool"))
+            continue
+        s = q.scale.get((j, i), 1.0)
+        idx = np.arange(lo, hi)
+        counts = c.cols[0, lo:hi].astype(np.int64)
+        w = c.weights[lo:hi].astype(np.int64)
+        v = c.values[lo:hi] * np.where(counts > 0, s, 1.0)
+        if c.status[k] == OPTIONAL and q.standing[j] == REQUIRED:
+            nz = counts > 0
+            idx, v, w = idx[nz], v[nz], counts[nz] - counts[nz][0]
+            capacity -= int(counts[nz][0])
+            status[k] = ADMITTED
+        keep_jobs.append(k)
+        pieces_idx.append(idx)
+        weights.append(w)
+        values.append(v)
+    lens = np.array([x.size for x in pieces_idx], np.int64)
+    offsets = np.zeros(lens.size + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    flat = np.concatenate(pieces_idx) if pieces_idx else np.zeros(0, np.int64)
+    sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
+                  dp_jobs=np.array(keep_jobs, np.int64), offsets=offsets,
+                  weights=np.concatenate(weights) if weights else np.zeros(0, np.int64),
+                  values=np.concatenate(values) if values else np.zeros(0),
+                  cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat])
+    if not keep_jobs:
+        chosen = np.zeros(0, np.int64)
+    elif placement:
+        chosen = solve_placeable(sub)
+    else:
+        chosen = mckp(sub.offsets, sub.weights, sub.values, sub.capacity)[1]
+    return build_allocation(sub, chosen, name, 0.0)
+
+
+def _solve_all(q: PoolQ, assign, placement, name):
+    allocs = [_solve_pool(q, i, assign, placement, name) for i in range(len(q.cands))]
+    return allocs, sum(a.objective for a in allocs)
+
+
+def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "priority",
+                   starvation_s: float = 3600.0, objective: str = "speedup", placement: bool = True,
+                   name: str = "", enumerate_limit: int = 64, iters: int = 80) -> Allocation:
+    """The multi-pool answer (module docstring); ``candidates`` as for :func:`build_q`."""
+    t0 = time.perf_counter()
+    q = build_q(problem, candidates, admission=admission, starvation_s=starvation_s, objective=objective)
+    multi: dict[int, list[int]] = {}
+    if q.job.size:
+        P = q.capacity.size
+        pairs = np.unique(q.job * P + q.pool)  # sorted: by job, then pool
+        pj, pp = (pairs // P).tolist(), (pairs % P).tolist()
+        for j, i in zip(pj, pp, strict=True):
+            multi.setdefault(j, []).append(i)
+        multi = {j: v for j, v in multi.items() if len(v) > 1}
+    combos = math.prod(len(v) for v in multi.values()) if multi else 1
+    bound, _, picks = lagrangian(q, iters=iters)
+    if combos <= enumerate_limit:
+        best = None
+        fixed = {int(q.job[x]): int(q.pool[x]) for x in (picks.tolist() if picks is not None else [])}
+        for choice in itertools.product(*multi.values()):
+            assign = dict(fixed)
+            assign.update(zip(multi, choice, strict=True))
+            if not _min_fits(q, assign):
+                continue
+            allocs, obj = _solve_all(q, assign, placement, name)
+            if best is None or obj > best[1] + 1e-12:
+                best = (allocs, obj, assign)
+        allocs, obj, assign = best
+        if not placement:
+            bound = obj  # every assignment tried, each pool exact: Q's optimum
+    else:
+        assign = _assign(q, picks) if picks is not None else dict(q.witness)
+        allocs, obj = _solve_all(q, assign, placement, name)
+    out: dict = {}
+    for j, req in enumerate(problem.jobs):
+        i = assign.get(j)
+        if i is None or not q.standing[j]:
+            out[req.job_id] = JobAllocation(req.job_id, 0, reason=q.reasons.get(j) or "pending: not started")
+            continue
+        a = allocs[i].jobs[req.job_id]
+        pool = problem.pools[i].name
+        why = a.reason + (f"; pool {pool}" if a.gpus else "")
+        if a.gpus and pool in req.unscaled_pools:
+            why += f" (no {problem.pools[i].gpu_type} throughput data: its model unscaled)"
+        out[req.job_id] = JobAllocation(a.job_id, a.gpus, a.nodes, a.batch, a.local_batch, a.accum,
+                                        a.samples_per_s, why, pool if a.gpus else "")
+    return Allocation(out, obj, time.perf_counter() - t0, name, bound=max(bound, obj))
+
+
+def _min_fits(q: PoolQ, assign: dict[int, int]) -> bool:
+    need = Counter()
+    for j, i in assign.items():
+        if q.standing[j] == REQUIRED and j in q.witness:
+            need[i] += int(q.minc[j, i])
+    return all(need[i] <= int(q.cands[i].capacity) for i in need)

@@ -1,0 +1,165 @@
+"""The multi-pool optimizer (policies/_pools.py) against HiGHS on small random instances of the same
+problem Q (every (job, pool, choice) a binary; one per job; pool capacities), and its dispatch."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from sim_helpers import LinearModel, toy_spec
+
+from slurm_elastic.policies._pools import REQUIRED, allocate_pools, build_q, lagrangian
+from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
+from slurm_elastic.policies.dp import DPPolicy
+from slurm_elastic.profiles.gavel import gavel_model
+
+scipy = pytest.importorskip("scipy")
+
+MODELS = [gavel_model("v100", "ResNet-50"), gavel_model("k80", "ResNet-50"), gavel_model("p100", "LM"),
+          LinearModel(50.0), LinearModel(120.0)]
+
+
+def q_milp(q):
+    """Q's optimum by HiGHS."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_matrix
+
+    n = q.job.size
+    if n == 0:
+        return 0.0
+    jobs = np.unique(q.job)
+    row = np.searchsorted(jobs, q.job)
+    one = csr_matrix((np.ones(n), (row, np.arange(n))), shape=(jobs.size, n))
+    cap = csr_matrix((q.weight.astype(float), (q.pool, np.arange(n))), shape=(q.capacity.size, n))
+    res = milp(-q.value, constraints=[LinearConstraint(one, 1, 1), LinearConstraint(cap, -np.inf, q.capacity)],
+               integrality=np.ones(n), bounds=Bounds(0, 1), options={"mip_rel_gap": 1e-9})
+    assert res.status == 0, res.message
+    return -float(res.fun)
+
+
+def instance(rng: random.Random):
+    n_pools = rng.randint(2, 3)
+    pools = []
+    for i in range(n_pools):
+        size = rng.choice([2, 4])
+        caps = tuple((f"p{i}n{k}", size) for k in range(rng.randint(1, 3)))
+        pools.append(Pool(f"p{i}", ("k80", "p100", "v100")[i], (f"part{i}",), caps, size))
+    jobs = []
+    used = {p.name: 0 for p in pools}
+    for j in range(rng.randint(2, 7)):
+        spec = toy_spec(min_gpus=rng.choice([1, 1, 2]), max_gpus=rng.choice([2, 4, 8]), batch=64)
+        spec = replace(spec, min_batch=32, max_batch=256, max_local_batch=128, weight=rng.choice([1.0, 2.0]))
+        allowed = tuple(p.name for p in pools if rng.random() < 0.7) or (pools[0].name,)
+        model = rng.choice(MODELS)
+        pm = tuple((p.name, gavel_model(p.gpu_type, model.model)) for p in pools
+                   if hasattr(model, "model") and p.name in allowed)
+        req = JobRequest(j, spec, model, wait_s=rng.choice([0.0, 10.0]), pools=allowed, pool_models=pm)
+        p = next(p for p in pools if p.name == allowed[0])
+        if rng.random() < 0.3 and used[p.name] + spec.min_gpus <= p.total_gpus:
+            g = spec.min_gpus
+            used[p.name] += g
+            req = replace(req, running_gpus=g, running_batch=64, pool=p.name, pools=(p.name,))
+        jobs.append(req)
+    return AllocationProblem(sum(p.total_gpus for p in pools), 4, tuple(jobs), pools=tuple(pools))
+
+
+@pytest.mark.parametrize("objective", ["completion", "throughput", "goodput"])
+def test_agrees_with_highs_on_small_random_instances(objective):
+    rng = random.Random(13)
+    gaps = []
+    for _ in range(25):
+        prob = instance(rng)
+        pol = DPPolicy(objective=objective, placement=False)
+        value = DPPolicy.OBJECTIVES[objective][0]
+        joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective)
+        q = build_q(prob, joint.candidates, objective=value)
+        opt = q_milp(q)
+        a = pol.allocate(prob)
+        assert a.objective == pytest.approx(opt, rel=1e-9, abs=1e-9)  # enumerated: exact
+        assert sum(x.gpus for x in a.jobs.values()) <= prob.total_gpus
+        for x in a.jobs.values():  # every job within its pools and their capacities
+            if x.gpus:
+                req = next(r for r in prob.jobs if r.job_id == x.job_id)
+                assert x.pool in (req.pools or [p.name for p in prob.pools])
+        for p in prob.pools:
+            assert sum(x.gpus for x in a.jobs.values() if x.pool == p.name) <= p.total_gpus
+        # the Lagrangian path alone: a valid bound above, a feasible answer below
+        b = allocate_pools(prob, joint.candidates, objective=value, placement=False, enumerate_limit=0)
+        assert b.bound >= opt - 1e-9 >= b.objective - 2e-9
+        L, _, _ = lagrangian(q)
+        assert L >= opt - 1e-9
+        gaps.append((b.bound - b.objective) / max(abs(opt), 1e-9))
+    print(f"{objective}: Lagrangian-path relative gap bound median {np.median(gaps):.3%}, max {max(gaps):.3%}")
+
+
+def test_required_jobs_get_their_minimum_in_some_pool():
+    rng = random.Random(5)
+    for _ in range(20):
+        prob = instance(rng)
+        joint = DPPolicy(admission="joint", starvation_s=float("inf"))
+        q = build_q(prob, joint.candidates)
+        a = DPPolicy(placement=False).allocate(prob)
+        b = allocate_pools(prob, joint.candidates, placement=False, enumerate_limit=0)  # the prices' path
+        for j, req in enumerate(prob.jobs):
+            if q.standing[j] == REQUIRED:
+                assert a.jobs[req.job_id].gpus >= req.spec.min_gpus, a.jobs[req.job_id]
+                assert b.jobs[req.job_id].gpus >= req.spec.min_gpus, b.jobs[req.job_id]
+        for p in prob.pools:
+            assert sum(x.gpus for x in b.jobs.values() if x.pool == p.name) <= p.total_gpus
+
+
+def test_faster_type_is_chosen_and_unscaled_jobs_say_so():
+    v, k = gavel_model("v100", "ResNet-50"), gavel_model("k80", "ResNet-50")
+    pools = (Pool("slow", "k80", ("a",), (("s1", 4),), 4), Pool("fast", "v100", ("b",), (("f1", 4),), 4))
+    spec = replace(toy_spec(min_gpus=1, max_gpus=4, batch=64), min_batch=32, max_batch=256, max_local_batch=128)
+    typed = JobRequest(1, spec, k, pools=("slow", "fast"), pool_models=(("fast", v),))
+    plain = JobRequest(2, spec, LinearModel(), pools=("slow",), unscaled_pools=("slow",))
+    a = DPPolicy().allocate(AllocationProblem(8, 4, (typed, plain), pools=pools))
+    assert a.jobs[1].pool == "fast" and a.jobs[2].pool == "slow"
+    assert "its model unscaled" in a.jobs[2].reason and a.bound is not None
+
+
+def test_single_pool_problem_is_unchanged():
+    spec = toy_spec(max_gpus=4, batch=8)
+    jobs = (JobRequest(1, spec, LinearModel()), JobRequest(2, spec, LinearModel()))
+    one = DPPolicy().allocate(AllocationProblem(8, 4, jobs))
+    assert one.bound is None and all(x.pool == "" for x in one.jobs.values())
+
+
+def test_planner_pins_the_chosen_pool_and_places_only_on_its_nodes():
+    from slurm_elastic import planner as pl
+    from slurm_elastic.policies.base import Allocation, JobAllocation
+
+    pools = (Pool("a100:a100", "a100", ("a100",), (("a1", 4),), 4),
+             Pool("v100:v100", "v100", ("v100",), (("v1", 8),), 8))
+    spec = toy_spec(max_gpus=8, batch=8)
+    views = [pl.JobView(1, pl.PENDING, spec=spec, partitions=("a100", "v100")),
+             pl.JobView(2, pl.PENDING, spec=spec, partitions=("v100",))]
+    alloc = Allocation({1: JobAllocation(1, 4, 1, 8, 2, pool="v100:v100"),
+                        2: JobAllocation(2, 4, 1, 8, 2, pool="v100:v100")})
+    p = pl.plan(alloc, views, {}, 0.0, capacity=12, node_size=4, node_free={"a1": 4, "v1": 8}, pools=pools)
+    starts = {a.job_id: a for a in p.of_kind("start")}
+    assert starts[1].partition == "v100" and starts[1].gpu_type == "v100"
+    assert starts[2].partition is None and starts[2].gpu_type == "v100"  # already its only partition
+    # a third 4-GPU start in v100 does not fit there, though a1 is free: it waits
+    views.append(pl.JobView(3, pl.PENDING, spec=spec, partitions=("v100",)))
+    alloc.jobs[3] = JobAllocation(3, 4, 1, 8, 2, pool="v100:v100")
+    p = pl.plan(alloc, views, {}, 0.0, capacity=12, node_size=4, node_free={"a1": 4, "v1": 8}, pools=pools)
+    assert {a.job_id for a in p.of_kind("start")} == {1, 2}
+
+
+def test_pollux_dp_dispatches_to_the_pools_too():
+    from slurm_elastic.policies import get_policy
+
+    rng = random.Random(3)
+    for _ in range(5):
+        prob = instance(rng)
+        a = get_policy("pollux-dp").allocate(prob)
+        assert a.bound is not None
+        for p in prob.pools:
+            assert sum(x.gpus for x in a.jobs.values() if x.pool == p.name) <= p.total_gpus
+        for req in prob.jobs:
+            x = a.jobs[req.job_id]
+            assert not x.gpus or x.pool in req.pools
