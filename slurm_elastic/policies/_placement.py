@@ -5,17 +5,19 @@ The knapsack counts GPUs in a pool; Slurm places jobs on nodes (a job of k <= no
 larger ones on whole nodes, :meth:`ElasticSpec.placement`). :func:`_replay` carries out a choice on the
 per-node free map in the planner's order (kept and frozen jobs where they are, released-but-unplaced
 jobs first, then shrinks, then starts in priority order, then grows; best fit: the fewest free GPUs
-first, then the node name, exactly as ``planner._Placer`` and the simulated Slurm do). Where a job's
-count does not fit at its turn, :func:`repair` lowers it to its best choice that does fit *at that
-point of the replay* and goes on, so the repaired choice replays without a failure: the planner can
-carry out all of it. Re-solving the whole knapsack with the unplaceable jobs capped does not converge
-on a fragmented cluster (each re-solve hands the freed GPUs to other jobs that do not fit either: on
-the 10,000-job benchmark 12-21 jobs stayed unplaceable after 4 full re-solves), so
-:func:`solve_placeable` solves once, repairs, and then fills: the GPUs the repair freed go, by a
-second exact knapsack over the *spare GPUs only* (small), to larger counts that fit the free-node
-structure left after every action (each job's choices restricted to counts it can be placed at on
-that map). A fill that breaks another job's placement is repaired again and kept only if it is worth
-more than not filling. Cost: one full solve, a few linear replays and a knapsack of capacity = spare.
+first, then the node name, exactly as ``planner._Placer`` and the simulated Slurm do).
+
+Where some job does not fit at its turn, :func:`make_placeable` re-solves the knapsack once with those
+jobs capped at what they fit at (so their GPUs go, exactly, where they are worth most), and then
+:func:`repair` lowers every job that still does not fit to its best choice that fits *at that point of
+the replay* and goes on: the repaired choice replays without a failure, so the planner carries out all
+of it. Re-solving alone does not converge on a full, fragmented cluster (each re-solve hands the freed
+GPUs to other counts that do not fit either: on the 10,000-job benchmark 12-21 jobs were still
+unplaceable after 4 full re-solves, and 0.9-1.3% of dp's planned GPU time in the Pollux workloads).
+Optional ``fills`` give the GPUs a repair leaves idle to larger counts that fit the free map left after
+every action (a knapsack of capacity = the spare GPUs only); measured on the Pollux workloads it
+raised rescales per job by 15-75% for no JCT gain, so the policies do not use it (docs/ALGORITHM.md).
+Cost: one or two full solves and a few linear replays.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import heapq
 import numpy as np
 
 from slurm_elastic.policies._mckp import mckp
+
+_MASKED = -1e30
 
 
 def _shape(spec, k: int, ns: int) -> tuple[int, int]:
@@ -45,22 +49,31 @@ class _Free:
         self.count = [0] * (size + 1)
         self.heaps: list[list[str]] = [[] for _ in range(size + 1)]
         for n, f in self.free.items():
-            b = self._b(f)
+            b = f if 0 <= f <= size else (0 if f < 0 else size)
             self.count[b] += 1
             self.heaps[b].append(n)
         for h in self.heaps:
             heapq.heapify(h)
 
+    def copy(self) -> _Free:
+        new = object.__new__(_Free)
+        new.free, new.size, new.count = dict(self.free), self.size, list(self.count)
+        new.heaps = [list(h) for h in self.heaps]
+        return new
+
     def _b(self, f: int) -> int:
-        return min(max(f, 0), self.size)
+        return f if 0 <= f <= self.size else (0 if f < 0 else self.size)
 
     def _move(self, n: str, f: int) -> None:
-        old, new = self._b(self.free[n]), self._b(f)
+        old = self.free[n]
         self.free[n] = f
-        if old != new:
-            self.count[old] -= 1
-            self.count[new] += 1
-            heapq.heappush(self.heaps[new], n)  # the stale entry in ``old`` is skipped when popped
+        s = self.size
+        ob = old if 0 <= old <= s else (0 if old < 0 else s)
+        nb = f if 0 <= f <= s else (0 if f < 0 else s)
+        if ob != nb:
+            self.count[ob] -= 1
+            self.count[nb] += 1
+            heapq.heappush(self.heaps[nb], n)  # the stale entry in ``ob`` is skipped when popped
 
     def fits(self, nodes: int, gpn: int) -> bool:
         return 1 <= gpn <= self.size and sum(self.count[gpn:]) >= nodes
@@ -103,19 +116,29 @@ def _counts(cand, chosen: np.ndarray) -> np.ndarray:
     return cand.cols[0, chosen].astype(np.int64) if chosen.size else np.zeros(0, np.int64)
 
 
-def _replay(cand, chosen: np.ndarray, fix: bool):
+def _start_map(cand) -> _Free:
+    """The free map before this cycle's actions: node capacity less what running jobs hold."""
+    problem = cand.problem
+    free = dict(problem.node_capacity)
+    for r in problem.jobs:
+        if r.running_gpus > 0 and r.nodes:
+            g = r.gpus_per_node
+            for n in r.nodes:
+                if n in free:
+                    free[n] -= g
+    return _Free(free, max(max(free.values(), default=0), problem.node_size,
+                           max((c for _, c in problem.node_capacity), default=0)))
+
+
+def _replay(cand, chosen: np.ndarray, fix: bool, start: _Free | None = None):
     """Carry ``chosen`` out in the planner's order. Returns ``(bad, chosen, free, where)``: ``bad`` maps
     each position that did not fit to the flat choice it fits at (``fix``: ``chosen`` is changed to it
     and the replay goes on with it), ``free`` the map after every action, ``where[p]`` = (nodes, GPUs
     per node) the job holds after them."""
     problem = cand.problem
     ns = problem.node_size
-    cap = dict(problem.node_capacity)
-    free = _Free(cap, max(max(cap.values(), default=0), ns))
+    free = (start or _start_map(cand)).copy()
     jobs = problem.jobs
-    for r in jobs:
-        if r.running_gpus > 0 and r.nodes:
-            free.add(r.nodes, r.gpus_per_node, -1)
     chosen = chosen.copy() if fix else chosen
     counts = _counts(cand, chosen)
     where: dict[int, tuple[tuple[str, ...], int]] = {}
@@ -262,18 +285,38 @@ def _fill(cand, chosen: np.ndarray, spare: int) -> np.ndarray | None:
     return out
 
 
-def solve_placeable(cand, fills: int = 2) -> np.ndarray:
-    """The knapsack's choice made placeable: one exact solve, then :func:`repair`, then up to ``fills``
-    rounds of :func:`_fill` (each kept only when, repaired, it is worth more)."""
+def solve_placeable(cand, resolves: int = 1, fills: int = 0) -> np.ndarray:
+    """The knapsack's choice made placeable: one exact solve, then :func:`make_placeable`."""
     _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
-    return make_placeable(cand, chosen, fills)
+    return make_placeable(cand, chosen, resolves, fills)
 
 
-def make_placeable(cand, chosen: np.ndarray, fills: int = 2) -> np.ndarray:
-    """Any policy's choice (flat indices) repaired and filled as in :func:`solve_placeable`."""
+def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, stats: dict | None = None
+                   ) -> np.ndarray:
+    """Any policy's choice (flat indices, one per knapsack job) made placeable. Where some job does not
+    fit: up to ``resolves`` exact re-solves with the jobs that did not fit capped at the count they fit
+    at (their larger choices masked), then :func:`repair` (which always ends it), then up to ``fills``
+    rounds of :func:`_fill` (each kept only when, repaired again, it is worth more)."""
     if cand.problem.node_capacity is None or not chosen.size:
         return chosen
-    bad, fixed, _, _ = _replay(cand, chosen, fix=True)
+    start = _start_map(cand)
+    bad, fixed, _, _ = _replay(cand, chosen, True, start)
+    seen = stats.setdefault("bad", []) if stats is not None else []
+    seen.append(len(bad))
+    values = cand.values
+    for _ in range(resolves):
+        if not bad:
+            return chosen
+        if values is cand.values:
+            values = values.copy()
+        for p, i in bad.items():
+            lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
+            over = cand.cols[0, lo:hi] > cand.cols[0, i]
+            over[0] = False  # the first choice (minimum or 0 GPUs) always stays
+            values[lo:hi][over] = _MASKED
+        _, chosen = mckp(cand.offsets, cand.weights, values, cand.capacity)
+        bad, fixed, _, _ = _replay(cand, chosen, True, start)
+        seen.append(len(bad))
     if not bad:
         return chosen
     chosen = fixed
@@ -289,3 +332,17 @@ def make_placeable(cand, chosen: np.ndarray, fills: int = 2) -> np.ndarray:
             break
         chosen = filled
     return chosen
+
+
+def placement_report(cand) -> dict:
+    """What the placement step does on one instance (for the benchmark): jobs that do not fit after the
+    pool-only solve and after the capped re-solve, jobs the repair lowers, and the share of the pool
+    optimum's value kept."""
+    _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
+    stats: dict = {}
+    final = make_placeable(cand, chosen, 1, 0, stats)
+    bad = stats.get("bad") or [0]
+    v0, v1 = float(cand.values[chosen].sum()), float(cand.values[final].sum())
+    return {"unplaceable_after_solve": bad[0], "unplaceable_after_resolve": bad[1] if len(bad) > 1 else None,
+            "repaired": bad[-1], "value_kept": v1 / v0 if v0 else 1.0,
+            "unplaceable_after": len(place_check(cand, final))}

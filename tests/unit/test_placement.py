@@ -123,17 +123,18 @@ def test_repair_then_fill_is_worth_at_least_repair_alone_and_at_most_the_pool_op
         cand = get_policy("dp", admission="joint").candidates(problem)
         obj, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
         fixed = repair(cand, chosen)
-        final = make_placeable(cand, chosen)
+        final = make_placeable(cand, chosen, fills=2)
         assert place_check(cand, fixed) == {} and place_check(cand, final) == {}
         v_fix, v_final = cand.values[fixed].sum(), cand.values[final].sum()
         assert v_fix - 1e-9 <= v_final <= obj + 1e-6
         assert cand.weights[final].sum() <= cand.capacity
 
 
-def test_fill_gives_the_gpus_a_repair_frees_to_a_job_that_fits():
+def test_gpus_a_job_cannot_be_placed_on_go_to_jobs_that_fit():
     # 3 nodes x 4. Frozen 1-GPU jobs on n1 and n2: 3 + 3 + 4 GPUs free, one whole node. Job 2 (high
     # weight) would take 8 (two whole nodes: impossible); it fits at 4 on n3. The 6 GPUs left on n1/n2
-    # go to job 3 (up to 3 GPUs, one node) and job 4.
+    # go to job 3 (up to 3 GPUs, one node) and job 4 (the capped re-solve), and with fills (no re-solve)
+    # too.
     nodes = (("n1", 4), ("n2", 4), ("n3", 4))
     one = spec(min_gpus=1, max_gpus=1)
     jobs = (job(0, one, running=1, batch=32, nodes=("n1",), gpus_per_node=1, frozen=True),
@@ -148,6 +149,12 @@ def test_fill_gives_the_gpus_a_repair_frees_to_a_job_that_fits():
     assert a.jobs[2].gpus == 4
     assert a.jobs[3].gpus == 3 and a.jobs[4].gpus == 3  # nothing left idle that fits
     assert _unplaced(problem, a) == []
+    cand = make_candidates(problem)
+    _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
+    counts = lambda ch: [int(cand.cols[0, i]) for i in ch]  # noqa: E731
+    assert counts(chosen) == [1, 1, 8, 1, 1]
+    assert counts(repair(cand, chosen)) == [1, 1, 4, 1, 1]  # 4 GPUs idle
+    assert counts(make_placeable(cand, chosen, fills=1)) == [1, 1, 4, 3, 3]
 
 
 def test_no_node_map_means_no_change():
