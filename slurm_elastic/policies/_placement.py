@@ -285,30 +285,39 @@ def _fill(cand, chosen: np.ndarray, spare: int) -> np.ndarray | None:
     return out
 
 
-def solve_placeable(cand, resolves: int = 1, fills: int = 0) -> np.ndarray:
-    """The knapsack's choice made placeable: one exact solve, then :func:`make_placeable`."""
+RESOLVE_MAX_CELLS = 1 << 24  # jobs x capacity up to which a capped re-solve is tried (~50 ms of kernel)
+
+
+def solve_placeable(cand, resolves: int | None = None, fills: int = 0) -> np.ndarray:
+    """The knapsack's choice made placeable: one exact solve, then :func:`make_placeable`. By default
+    one capped re-solve where the knapsack is small (``RESOLVE_MAX_CELLS``); on larger ones the repair
+    alone (a re-solve costs a full solve, and on the 10,000-job benchmark it kept less value)."""
     _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
-    return make_placeable(cand, chosen, resolves, fills)
+    return make_placeable(cand, chosen, _resolves(cand) if resolves is None else resolves, fills)
+
+
+def _resolves(cand) -> int:
+    return 1 if cand.dp_jobs.size * (cand.capacity + 1) <= RESOLVE_MAX_CELLS else 0
 
 
 def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, stats: dict | None = None
                    ) -> np.ndarray:
     """Any policy's choice (flat indices, one per knapsack job) made placeable. Where some job does not
-    fit: up to ``resolves`` exact re-solves with the jobs that did not fit capped at the count they fit
-    at (their larger choices masked), then :func:`repair` (which always ends it), then up to ``fills``
-    rounds of :func:`_fill` (each kept only when, repaired again, it is worth more)."""
+    fit: :func:`repair`; and up to ``resolves`` exact re-solves with the jobs that did not fit capped at
+    the count they fit at (their larger choices masked, cumulatively), each repaired, the most valuable
+    repaired answer kept; then up to ``fills`` rounds of :func:`_fill` (each kept only when, repaired
+    again, it is worth more)."""
     if cand.problem.node_capacity is None or not chosen.size:
         return chosen
     start = _start_map(cand)
-    bad, fixed, _, _ = _replay(cand, chosen, True, start)
+    bad, best, _, _ = _replay(cand, chosen, True, start)
     seen = stats.setdefault("bad", []) if stats is not None else []
     seen.append(len(bad))
-    values = cand.values
+    if not bad:
+        return chosen
+    best_v = float(cand.values[best].sum())
+    values = cand.values.copy()
     for _ in range(resolves):
-        if not bad:
-            return chosen
-        if values is cand.values:
-            values = values.copy()
         for p, i in bad.items():
             lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
             over = cand.cols[0, lo:hi] > cand.cols[0, i]
@@ -317,9 +326,12 @@ def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, 
         _, chosen = mckp(cand.offsets, cand.weights, values, cand.capacity)
         bad, fixed, _, _ = _replay(cand, chosen, True, start)
         seen.append(len(bad))
-    if not bad:
-        return chosen
-    chosen = fixed
+        v = float(cand.values[fixed].sum())
+        if v > best_v:  # the re-solve's GPUs may go to counts that do not fit either: keep the better
+            best, best_v = fixed, v
+        if not bad:
+            break
+    chosen = best
     for _ in range(fills):
         spare = int(cand.capacity - cand.weights[chosen].sum())
         if spare <= 0:
@@ -340,7 +352,7 @@ def placement_report(cand) -> dict:
     optimum's value kept."""
     _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
     stats: dict = {}
-    final = make_placeable(cand, chosen, 1, 0, stats)
+    final = make_placeable(cand, chosen, _resolves(cand), 0, stats)
     bad = stats.get("bad") or [0]
     v0, v1 = float(cand.values[chosen].sum()), float(cand.values[final].sum())
     return {"unplaceable_after_solve": bad[0], "unplaceable_after_resolve": bad[1] if len(bad) > 1 else None,

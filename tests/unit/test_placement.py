@@ -117,16 +117,18 @@ def test_allocations_are_carried_out_in_full_on_fragmented_clusters(policy, opts
         assert seen_repair >= 2  # the instances do exercise the repair (the pool-only answer does not place)
 
 
-def test_repair_then_fill_is_worth_at_least_repair_alone_and_at_most_the_pool_optimum():
+def test_resolve_and_fill_are_worth_at_least_repair_alone_and_at_most_the_pool_optimum():
     for seed in range(10):
         problem = _fragmented(seed, jobs=60, gpus=128)
         cand = get_policy("dp", admission="joint").candidates(problem)
         obj, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
         fixed = repair(cand, chosen)
         final = make_placeable(cand, chosen, fills=2)
-        assert place_check(cand, fixed) == {} and place_check(cand, final) == {}
-        v_fix, v_final = cand.values[fixed].sum(), cand.values[final].sum()
+        resolved = make_placeable(cand, chosen, resolves=2)
+        assert place_check(cand, fixed) == {} and place_check(cand, final) == {} and place_check(cand, resolved) == {}
+        v_fix, v_final, v_res = cand.values[fixed].sum(), cand.values[final].sum(), cand.values[resolved].sum()
         assert v_fix - 1e-9 <= v_final <= obj + 1e-6
+        assert v_fix - 1e-9 <= v_res <= obj + 1e-6
         assert cand.weights[final].sum() <= cand.capacity
 
 
