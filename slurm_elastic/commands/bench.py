@@ -77,7 +77,7 @@ def random_problem(jobs: int, gpus: int, seed: int, node_size: int = 4, gavel_sh
                               wait_s=0.0 if running else float(rng.uniform(0, 1800)),
                               remaining_samples=float(rng.uniform(1e4, 1e8)),
                               attained_gpu_s=float(rng.uniform(0, 1e5)) if running else 0.0))
-    # Running jobs on nodes (best fit, as Slurm places them), so the placement re-solve runs too.
+    # Running jobs on nodes (best fit, as Slurm places them), so the placement step (replay, repair) runs too.
     names = [f"n{i}" for i in range(-(-gpus // node_size))]
     free = {n: node_size for n in names}
     placed = []
@@ -148,7 +148,7 @@ def run_worker(solver, jobs, gpus, seed, node_size, admission, repeats, timeout_
     elif solver == "dp_policy":
         out["compile_s"] = compile_s
         times, alloc, _ = _time(lambda: policy.allocate(problem), repeats, timeout_s)
-        # the timed policy re-solves for placement (capped jobs lower the objective); the equality check
+        # the timed policy makes its answer placeable (repaired jobs lower the objective); the equality check
         # is on the same policy without the node map
         obj = DPPolicy(admission=admission, placement=False).allocate(problem).objective
         out["objective_placed"] = alloc.objective
