@@ -292,7 +292,7 @@ def _print_human(doc):
         click.echo(f"placement (dp_policy): {pr['unplaceable_after_solve']} jobs do not fit the nodes after the "
                    f"pool solve, {pr['unplaceable_after_resolve']} after the capped re-solve, {pr['repaired']} "
                    f"lowered by the repair, {pr['unplaceable_after']} left; "
-                   f"{100 * pr['value_kept']:.2f}% of the pool optimum's value kept")
+                   f"{100 * pr['value_kept']:.3f}% of the pool optimum's value kept")
     click.echo(f"objectives equal: milp {doc['objectives_equal']}, reference {doc['reference_equal']}, "
                f"policy {doc['policy_equal']}")
     for k, v in doc["ratios"].items():

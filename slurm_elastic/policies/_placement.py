@@ -251,7 +251,7 @@ def _fill(cand, chosen: np.ndarray, spare: int) -> np.ndarray | None:
     offs, ws, vs, idx, pos = [0], [], [], [], []
     cw = cand.weights
     for p, j in enumerate(cand.dp_jobs.tolist()):
-        lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
+        hi = int(cand.offsets[p + 1])
         i0 = int(chosen[p])
         if i0 + 1 >= hi or cw[i0 + 1] - cw[i0] > spare:
             continue
