@@ -1,14 +1,28 @@
-"""Placeable allocations: check an allocation against the nodes, the way the planner will place it.
+"""Placeable allocations: replay an allocation on the nodes the way the planner will place it, and
+make it placeable by construction.
 
 The knapsack counts GPUs in a pool; Slurm places jobs on nodes (a job of k <= node size on one node,
-larger ones on whole nodes, :meth:`ElasticSpec.placement`). :func:`place_check` replays the planner's
-order on the per-node free map (kept and frozen jobs where they are, shrinks first, then starts in
-priority order, then grows; best fit, fewest free GPUs first, as the planner and Slurm do) and returns,
-for every job that cannot be placed, the largest count it could have at that point. The policy then
-re-solves with those jobs capped (:func:`solve_placeable`), so what it returns can be carried out.
+larger ones on whole nodes, :meth:`ElasticSpec.placement`). :func:`_replay` carries out a choice on the
+per-node free map in the planner's order (kept and frozen jobs where they are, released-but-unplaced
+jobs first, then shrinks, then starts in priority order, then grows; best fit: the fewest free GPUs
+first, then the node name, exactly as ``planner._Placer`` and the simulated Slurm do).
+
+Where some job does not fit at its turn, :func:`make_placeable` re-solves the knapsack once with those
+jobs capped at what they fit at (so their GPUs go, exactly, where they are worth most), and then
+:func:`repair` lowers every job that still does not fit to its best choice that fits *at that point of
+the replay* and goes on: the repaired choice replays without a failure, so the planner carries out all
+of it. Re-solving alone does not converge on a full, fragmented cluster (each re-solve hands the freed
+GPUs to other counts that do not fit either: on the 10,000-job benchmark 12-21 jobs were still
+unplaceable after 4 full re-solves, and 0.9-1.3% of dp's planned GPU time in the Pollux workloads).
+Optional ``fills`` give the GPUs a repair leaves idle to larger counts that fit the free map left after
+every action (a knapsack of capacity = the spare GPUs only); measured on the Pollux workloads it
+raised rescales per job by 15-75% for no JCT gain, so the policies do not use it (docs/ALGORITHM.md).
+Cost: one or two full solves and a few linear replays.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
@@ -25,40 +39,72 @@ def _shape(spec, k: int, ns: int) -> tuple[int, int]:
 
 
 class _Free:
-    """Free GPUs per node, bucketed by free count. Best fit takes nodes from the fullest bucket that
-    fits; which node of a bucket it takes does not change what fits later (nodes of equal free count
-    are interchangeable), so this decides exactly as the planner's best fit, in O(node size) a take."""
+    """Free GPUs per node, bucketed by free count, each bucket a heap of node names. Best fit takes the
+    nodes with the fewest free GPUs that fit, ties by name: the planner's ``sorted((free, name))``, in
+    O(node size + log nodes) a take instead of a sort of every node."""
 
     def __init__(self, free: dict[str, int], size: int):
-        self.free = free
+        self.free = dict(free)
         self.size = size
-        # dicts, not sets: insertion order makes the choice the same in every process (a set of strings
-        # iterates in an order that depends on the per-process hash seed)
-        self.buckets: list[dict] = [{} for _ in range(size + 1)]
-        for n, f in free.items():
-            self.buckets[min(max(f, 0), size)][n] = None
+        self.count = [0] * (size + 1)
+        self.heaps: list[list[str]] = [[] for _ in range(size + 1)]
+        for n, f in self.free.items():
+            b = f if 0 <= f <= size else (0 if f < 0 else size)
+            self.count[b] += 1
+            self.heaps[b].append(n)
+        for h in self.heaps:
+            heapq.heapify(h)
+
+    def copy(self) -> _Free:
+        new = object.__new__(_Free)
+        new.free, new.size, new.count = dict(self.free), self.size, list(self.count)
+        new.heaps = [list(h) for h in self.heaps]
+        return new
+
+    def _b(self, f: int) -> int:
+        return f if 0 <= f <= self.size else (0 if f < 0 else self.size)
 
     def _move(self, n: str, f: int) -> None:
         old = self.free[n]
-        self.buckets[min(max(old, 0), self.size)].pop(n, None)
         self.free[n] = f
-        self.buckets[min(max(f, 0), self.size)][n] = None
+        s = self.size
+        ob = old if 0 <= old <= s else (0 if old < 0 else s)
+        nb = f if 0 <= f <= s else (0 if f < 0 else s)
+        if ob != nb:
+            self.count[ob] -= 1
+            self.count[nb] += 1
+            heapq.heappush(self.heaps[nb], n)  # the stale entry in ``ob`` is skipped when popped
 
     def fits(self, nodes: int, gpn: int) -> bool:
-        return gpn <= self.size and sum(len(self.buckets[f]) for f in range(gpn, self.size + 1)) >= nodes
+        return 1 <= gpn <= self.size and sum(self.count[gpn:]) >= nodes
 
-    def take(self, nodes: int, gpn: int) -> bool:
-        if not self.fits(nodes, gpn):
+    def fits_with(self, nodes: int, gpn: int, own, own_gpn: int) -> bool:
+        """Would ``nodes x gpn`` fit once the job on ``own`` (``own_gpn`` GPUs each) gave them back?"""
+        if not 1 <= gpn <= self.size:
             return False
-        need = nodes
+        n = sum(self.count[gpn:])
+        for x in own:
+            f = self.free.get(x)
+            if f is not None and f < gpn <= f + own_gpn:
+                n += 1
+        return n >= nodes
+
+    def take(self, nodes: int, gpn: int) -> tuple[str, ...] | None:
+        if not self.fits(nodes, gpn):
+            return None
+        got: list[str] = []
         for f in range(gpn, self.size + 1):
-            while need and self.buckets[f]:
-                n = next(iter(self.buckets[f]))
-                self._move(n, f - gpn)
-                need -= 1
-            if not need:
+            h = self.heaps[f]
+            while len(got) < nodes and h:
+                n = heapq.heappop(h)
+                if self._b(self.free[n]) != f or n in got:
+                    continue  # stale entry
+                got.append(n)
+            if len(got) == nodes:
                 break
-        return True
+        for n in got:
+            self._move(n, self.free[n] - gpn)
+        return tuple(got)
 
     def add(self, names, gpn: int, sign: int = 1) -> None:
         for n in names:
@@ -66,76 +112,249 @@ class _Free:
                 self._move(n, self.free[n] + sign * gpn)
 
 
-def place_check(cand, chosen: np.ndarray) -> dict[int, int]:
-    """``{position in the knapsack: largest placeable count}`` for the chosen counts that do not fit."""
+def _counts(cand, chosen: np.ndarray) -> np.ndarray:
+    return cand.cols[0, chosen].astype(np.int64) if chosen.size else np.zeros(0, np.int64)
+
+
+def _start_map(cand) -> _Free:
+    """The free map before this cycle's actions: node capacity less what running jobs hold."""
     problem = cand.problem
-    if problem.node_capacity is None:
-        return {}
-    ns = problem.node_size
-    cap = dict(problem.node_capacity)
-    free = _Free(cap, max(max(cap.values(), default=0), ns))
-    jobs = problem.jobs
-    for r in jobs:
+    free = dict(problem.node_capacity)
+    for r in problem.jobs:
         if r.running_gpus > 0 and r.nodes:
-            free.add(r.nodes, r.gpus_per_node, -1)
-    counts = cand.cols[0, chosen].astype(np.int64) if chosen.size else np.zeros(0, np.int64)
+            g = r.gpus_per_node
+            for n in r.nodes:
+                if n in free:
+                    free[n] -= g
+    return _Free(free, max(max(free.values(), default=0), problem.node_size,
+                           max((c for _, c in problem.node_capacity), default=0)))
+
+
+def _replay(cand, chosen: np.ndarray, fix: bool, start: _Free | None = None):
+    """Carry ``chosen`` out in the planner's order. Returns ``(bad, chosen, free, where)``: ``bad`` maps
+    each position that did not fit to the flat choice it fits at (``fix``: ``chosen`` is changed to it
+    and the replay goes on with it), ``free`` the map after every action, ``where[p]`` = (nodes, GPUs
+    per node) the job holds after them."""
+    problem = cand.problem
+    ns = problem.node_size
+    free = (start or _start_map(cand)).copy()
+    jobs = problem.jobs
+    chosen = chosen.copy() if fix else chosen
+    counts = _counts(cand, chosen)
+    where: dict[int, tuple[tuple[str, ...], int]] = {}
     shrinks, starts, grows = [], [], []
     for p, j in enumerate(cand.dp_jobs.tolist()):
         r = jobs[j]
         k = int(counts[p])
         if r.running_gpus > 0:
             if not r.nodes:  # released, not placed yet: it takes its place first
-                free.take(*_shape(r.spec, r.running_gpus, ns))
+                n, g = _shape(r.spec, r.running_gpus, ns)
+                where[p] = (free.take(n, g) or (), g)
             elif k < r.running_gpus:
-                shrinks.append((p, r, k))
+                shrinks.append(p)
             elif k > r.running_gpus:
-                grows.append((p, r, k))
-        elif k > 0:
-            starts.append((p, r, k))
-    for _, r, k in shrinks:
-        free.add(r.nodes, r.gpus_per_node)
-        if k > 0:
-            free.take(*_shape(r.spec, k, ns))
-    bad: dict[int, int] = {}
-    for p, r, k in starts:
-        if not free.take(*_shape(r.spec, k, ns)):
-            bad[p] = _largest(cand, p, free, r, ns, k, 0)
-    for p, r, k in grows:
-        free.add(r.nodes, r.gpus_per_node)
-        if not free.take(*_shape(r.spec, k, ns)):
-            bad[p] = _largest(cand, p, free, r, ns, k, r.running_gpus)
-            if bad[p] == r.running_gpus:
-                free.add(r.nodes, r.gpus_per_node, -1)  # stays where it is
+                grows.append(p)
             else:
-                free.take(*_shape(r.spec, bad[p], ns))
-    return bad
+                where[p] = (r.nodes, r.gpus_per_node)
+        elif k > 0:
+            starts.append(p)
+    for p in shrinks:
+        r = jobs[int(cand.dp_jobs[p])]
+        free.add(r.nodes, r.gpus_per_node)
+        k = int(counts[p])
+        if k > 0:
+            n, g = _shape(r.spec, k, ns)
+            where[p] = (free.take(n, g) or (), g)  # fits in the GPUs it frees
+    bad: dict[int, int] = {}
+    for p in starts:
+        r = jobs[int(cand.dp_jobs[p])]
+        n, g = _shape(r.spec, int(counts[p]), ns)
+        got = free.take(n, g)
+        if got is None:
+            i = _best_fitting(cand, p, free, r, ns, int(counts[p]), 0)
+            bad[p] = i
+            if fix:
+                chosen[p] = i
+                k = int(cand.cols[0, i])
+                if k > 0:
+                    n, g = _shape(r.spec, k, ns)
+                    got = free.take(n, g)
+        if got:
+            where[p] = (got, g)
+    for p in grows:
+        r = jobs[int(cand.dp_jobs[p])]
+        free.add(r.nodes, r.gpus_per_node)
+        n, g = _shape(r.spec, int(counts[p]), ns)
+        got = free.take(n, g)
+        if got is None:
+            i = _best_fitting(cand, p, free, r, ns, int(counts[p]), r.running_gpus)
+            bad[p] = i
+            k = int(cand.cols[0, i])
+            if not fix or k <= r.running_gpus:
+                free.add(r.nodes, r.gpus_per_node, -1)  # stays where it is
+                got, g = r.nodes, r.gpus_per_node
+            else:
+                n, g = _shape(r.spec, k, ns)
+                got = free.take(n, g)
+            if fix:
+                chosen[p] = i
+        where[p] = (got, g)
+    return bad, chosen, free, where
 
 
-def _largest(cand, p: int, free: _Free, r, ns: int, k: int, floor: int) -> int:
-    """The largest count below ``k`` in the job's choices that fits now (``floor`` if none)."""
+def _best_fitting(cand, p: int, free: _Free, r, ns: int, k: int, floor: int) -> int:
+    """The flat index of the job's most valuable choice below ``k`` that fits now. ``floor`` (its running
+    count, 0 for a start) always fits: it is where the job is. A running job's choices below its count
+    are not considered (that would be a shrink, which the planner orders before every start)."""
     lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
-    counts = sorted({int(c) for c in cand.cols[0, lo:hi] if floor < c < k}, reverse=True)
-    for c in counts:
-        if free.fits(*_shape(r.spec, c, ns)):
-            return c
-    return floor
+    c = cand.cols[0, lo:hi]
+    v = cand.values[lo:hi]
+    best, best_v = -1, -np.inf
+    for i in range(hi - lo):
+        ci = int(c[i])
+        if not floor <= ci < k or v[i] <= best_v:
+            continue
+        if ci == floor or free.fits(*_shape(r.spec, ci, ns)):
+            best, best_v = i, v[i]
+    if best < 0:  # no choice at the floor (a running count outside the table): the closest below k
+        below = np.nonzero(c < k)[0]
+        best = int(below[np.argmax(c[below])]) if below.size else 0
+    return lo + best
 
 
-def solve_placeable(cand, rounds: int = 4) -> np.ndarray:
-    """The knapsack's choice, re-solved with unplaceable jobs capped at what fits, until it places."""
-    values = cand.values
-    _, chosen = mckp(cand.offsets, cand.weights, values, cand.capacity)
-    for _ in range(rounds):
-        bad = place_check(cand, chosen)
-        if not bad:
-            break
-        if values is cand.values:
-            values = values.copy()
-        for p, cap in bad.items():
+def place_check(cand, chosen: np.ndarray) -> dict[int, int]:
+    """``{position in the knapsack: largest count it fits at}`` for the chosen counts that do not fit
+    (empty: the planner can carry out every choice)."""
+    if cand.problem.node_capacity is None or not chosen.size:
+        return {}
+    bad = _replay(cand, chosen, fix=False)[0]
+    return {p: int(cand.cols[0, i]) for p, i in bad.items()}
+
+
+def repair(cand, chosen: np.ndarray) -> np.ndarray:
+    """``chosen`` with every job that does not fit at its turn lowered to its best choice that does."""
+    if cand.problem.node_capacity is None or not chosen.size:
+        return chosen
+    return _replay(cand, chosen, fix=True)[1]
+
+
+def _fill(cand, chosen: np.ndarray, spare: int) -> np.ndarray | None:
+    """Give ``spare`` GPUs to larger counts that fit the free map left after ``chosen``'s actions:
+    an exact knapsack of capacity ``spare`` whose choices per job are its counts above the chosen one
+    that can be placed on that map (giving back what the job holds). None: nothing to fill."""
+    problem = cand.problem
+    ns = problem.node_size
+    _, _, free, where = _replay(cand, chosen, fix=False)
+    if sum(free.count[1:]) == 0:
+        return None
+    jobs = problem.jobs
+    offs, ws, vs, idx, pos = [0], [], [], [], []
+    cw = cand.weights
+    for p, j in enumerate(cand.dp_jobs.tolist()):
+        hi = int(cand.offsets[p + 1])
+        i0 = int(chosen[p])
+        if i0 + 1 >= hi or cw[i0 + 1] - cw[i0] > spare:
+            continue
+        r = jobs[j]
+        own, own_g = where.get(p, ((), 0))
+        if r.running_gpus > 0 and r.nodes and int(cand.cols[0, i0]) < r.running_gpus:
+            continue  # a shrink: grown back it would be another action; leave it
+        row_w, row_v, row_i = [0], [0.0], [i0]
+        v0 = cand.values[i0]
+        for i in range(i0 + 1, hi):
+            dw = int(cw[i] - cw[i0])
+            if dw > spare:
+                break
+            if cand.values[i] <= v0:
+                continue
+            if free.fits_with(*_shape(r.spec, int(cand.cols[0, i]), ns), own, own_g):
+                row_w.append(dw)
+                row_v.append(float(cand.values[i] - v0))
+                row_i.append(i)
+        if len(row_w) > 1:
+            ws += row_w
+            vs += row_v
+            idx += row_i
+            offs.append(offs[-1] + len(row_w))
+            pos.append(p)
+    if not pos:
+        return None
+    _, pick = mckp(np.array(offs), np.array(ws), np.array(vs), spare)
+    out = chosen.copy()
+    out[np.array(pos)] = np.array(idx)[pick]
+    return out
+
+
+RESOLVE_MAX_CELLS = 1 << 24  # jobs x capacity up to which a capped re-solve is tried (~50 ms of kernel)
+
+
+def solve_placeable(cand, resolves: int | None = None, fills: int = 0) -> np.ndarray:
+    """The knapsack's choice made placeable: one exact solve, then :func:`make_placeable`. By default
+    one capped re-solve where the knapsack is small (``RESOLVE_MAX_CELLS``); on larger ones the repair
+    alone (a re-solve costs a full solve, and on the 10,000-job benchmark it kept less value)."""
+    _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
+    return make_placeable(cand, chosen, _resolves(cand) if resolves is None else resolves, fills)
+
+
+def _resolves(cand) -> int:
+    return 1 if cand.dp_jobs.size * (cand.capacity + 1) <= RESOLVE_MAX_CELLS else 0
+
+
+def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, stats: dict | None = None
+                   ) -> np.ndarray:
+    """Any policy's choice (flat indices, one per knapsack job) made placeable. Where some job does not
+    fit: :func:`repair`; and up to ``resolves`` exact re-solves with the jobs that did not fit capped at
+    the count they fit at (their larger choices masked, cumulatively), each repaired, the most valuable
+    repaired answer kept; then up to ``fills`` rounds of :func:`_fill` (each kept only when, repaired
+    again, it is worth more)."""
+    if cand.problem.node_capacity is None or not chosen.size:
+        return chosen
+    start = _start_map(cand)
+    bad, best, _, _ = _replay(cand, chosen, True, start)
+    seen = stats.setdefault("bad", []) if stats is not None else []
+    seen.append(len(bad))
+    if not bad:
+        return chosen
+    best_v = float(cand.values[best].sum())
+    values = cand.values.copy()
+    for _ in range(resolves):
+        for p, i in bad.items():
             lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
-            c = cand.cols[0, lo:hi]
-            over = c > cap
+            over = cand.cols[0, lo:hi] > cand.cols[0, i]
             over[0] = False  # the first choice (minimum or 0 GPUs) always stays
             values[lo:hi][over] = _MASKED
         _, chosen = mckp(cand.offsets, cand.weights, values, cand.capacity)
+        bad, fixed, _, _ = _replay(cand, chosen, True, start)
+        seen.append(len(bad))
+        v = float(cand.values[fixed].sum())
+        if v > best_v:  # the re-solve's GPUs may go to counts that do not fit either: keep the better
+            best, best_v = fixed, v
+        if not bad:
+            break
+    chosen = best
+    for _ in range(fills):
+        spare = int(cand.capacity - cand.weights[chosen].sum())
+        if spare <= 0:
+            break
+        filled = _fill(cand, chosen, spare)
+        if filled is None:
+            break
+        filled = repair(cand, filled)
+        if cand.values[filled].sum() <= cand.values[chosen].sum() + 1e-12:
+            break
+        chosen = filled
     return chosen
+
+
+def placement_report(cand) -> dict:
+    """What the placement step does on one instance (for the benchmark): jobs that do not fit after the
+    pool-only solve and after the capped re-solve, jobs the repair lowers, and the share of the pool
+    optimum's value kept."""
+    _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
+    stats: dict = {}
+    final = make_placeable(cand, chosen, _resolves(cand), 0, stats)
+    bad = stats.get("bad") or [0]
+    v0, v1 = float(cand.values[chosen].sum()), float(cand.values[final].sum())
+    return {"unplaceable_after_solve": bad[0], "unplaceable_after_resolve": bad[1] if len(bad) > 1 else None,
+            "repaired": bad[-1], "value_kept": v1 / v0 if v0 else 1.0,
+            "unplaceable_after": len(place_check(cand, final))}

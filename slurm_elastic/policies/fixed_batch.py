@@ -7,7 +7,8 @@ limits, accumulation within ``max_accum``). Admission is the same as ``dp``'s. T
 handed out greedily by marginal gain per GPU, as in Optimus (Peng et al., EuroSys'18): repeatedly
 move the job whose next step (to any larger allowed count that still fits) adds the most value per
 added GPU, until no GPU is left or no step gains. Values and restart costs are ``dp``'s, so the
-objectives are comparable. Greedy is not exact: on non-concave profiles it can stop early.
+objectives are comparable. Greedy is not exact: on non-concave profiles it can stop early. A job
+whose count does not fit the nodes is lowered to one that does (``_placement.make_placeable``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 import numpy as np
 
 from slurm_elastic.policies._candidates import build_allocation, make_candidates
+from slurm_elastic.policies._placement import make_placeable
 from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 
 
@@ -66,4 +68,5 @@ class FixedBatchPolicy(Policy):
             s = best_step(p)
             if s is not None:
                 heapq.heappush(heap, (-s[0], p, s[1]))
+        at = make_placeable(plan, at)
         return build_allocation(plan, at, self.name, time.perf_counter() - t0)
