@@ -87,6 +87,7 @@ class Enactor:
         self.ack_timeout_s = ack_timeout_s
         self.signal_name = signal
         self.in_flight: dict[int | str, _InFlight] = {}
+        self.excluded: set[int | str] = set()  # jobs given an ExcNodeList for a rigid job (cleared later)
         self.log: list[ActionResult] = []
         self.journal = journal
 
@@ -118,7 +119,7 @@ class Enactor:
             num_tasks=a.gpus,
             start_now=True,
             admin_comment=a.decision.to_admin_comment(),
-            **{k: x for k in ("partition", "gpu_type") if (x := getattr(a, k, None)) is not None},
+            **{k: x for k in ("partition", "gpu_type", "exclude_nodes") if (x := getattr(a, k, None)) is not None},
         )
         self._step(a, "release")
         self.backend.release(a.job_id)
@@ -213,6 +214,28 @@ class CycleResult:
     results: tuple[ActionResult, ...]
 
 
+def _exclude_reserved(the_plan: pl.Plan, reserved: Mapping[str, int], enactor) -> pl.Plan:
+    """Starts and resizes may not land on nodes whose GPUs are kept for a rigid job (pools.reserve_rigid):
+    the daemon's reservation is told to Slurm as the job's ``ExcNodeList``, since a restarted job would
+    otherwise be placed by Slurm wherever it fits. A job excluded before gets its list cleared at its
+    next start or resize once nothing is reserved (``Enactor.excluded`` remembers whom)."""
+    nodes = tuple(sorted(n for n, g in reserved.items() if g > 0))
+    excluded = enactor.excluded
+    if not nodes and not excluded:
+        return the_plan
+    out = []
+    for a in the_plan.actions:
+        if a.kind in ("start", "resize"):
+            if nodes:
+                a = replace(a, exclude_nodes=nodes)
+                excluded.add(a.job_id)
+            elif a.job_id in excluded:
+                a = replace(a, exclude_nodes=())
+                excluded.discard(a.job_id)
+        out.append(a)
+    return replace(the_plan, actions=tuple(out))
+
+
 def _freeze(snap, books, now: float, config: pl.PlannerConfig):
     jobs = list(snap.problem.jobs)
     changed = False
@@ -285,6 +308,7 @@ def run_cycle(
         node_free=snap.node_free if placement else None, pools=snap.problem.pools,
         urgent=snap.reservations.caps,
     )
+    the_plan = _exclude_reserved(the_plan, snap.reservations.by_node, enactor)
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).
     ok = [r.action for r in results

@@ -105,6 +105,7 @@ class Start:
     kind: str = "start"
     partition: str | None = None  # several pools: pin it to the chosen pool's partition and GPU type
     gpu_type: str | None = None
+    exclude_nodes: tuple[str, ...] | None = None  # nodes kept for rigid jobs (set by enact; () clears)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class Resize:
     kind: str = "resize"
     partition: str | None = None
     gpu_type: str | None = None
+    exclude_nodes: tuple[str, ...] | None = None
 
     @property
     def is_shrink(self) -> bool:

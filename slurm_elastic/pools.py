@@ -170,6 +170,8 @@ class Reservations:
     jobs: dict[int, tuple[str, tuple[str, ...]]] = field(default_factory=dict)  # rigid job -> (pool, nodes)
     blocked: dict[int, str] = field(default_factory=dict)  # rigid job -> why nothing is reserved
     caps: dict[int | str, int] = field(default_factory=dict)  # elastic job -> largest count it may keep
+    # elastic job -> reserved nodes it must leave (it restarts elsewhere: the enactor excludes them)
+    avoid: dict[int | str, set[str]] = field(default_factory=dict)
 
     def per_pool(self, pools: Sequence[NodePool]) -> dict[str, int]:
         return {p.name: sum(self.by_node.get(n, 0) for n in p.nodes) for p in pools}
@@ -205,6 +207,13 @@ def reserve_rigid(
     shrink_left = {e.job_id: e.gpus - e.min_gpus for e in elastic}  # GPUs each may still give up
     pool_room = {p.name: sum(left[n] for n in p.nodes) - committed_min.get(p.name, 0) for p in pools}
     closed: set[str] = set()  # pools behind a blocked rigid job (strict priority there)
+
+    def movable(e: ElasticOnNode, n: str, p: NodePool) -> bool:
+        """Can ``e`` restart off node ``n`` at its minimum, on the pool's other nodes as they are free now?"""
+        if len(e.nodes) != 1 or e.nodes[0] != n:
+            return False  # multi-node jobs shrink in place only (kept simple)
+        return any(free.get(m, 0) >= e.min_gpus for m in p.nodes if m != n and m not in res.by_node)
+
     for d in rigid[:limit]:
         if not d.pools:
             res.blocked[d.job_id] = "no managed pool matches its partition, gres type, constraint and reservation"
@@ -223,8 +232,12 @@ def reserve_rigid(
                 want = size if d.exclusive else d.gpus_per_node
                 if size < d.gpus_per_node or left[n] < want:
                     continue
-                # what the elastic jobs here can give up: down to their minimums, at most their share here
-                gain = sum(min(e.gpus_per_node, shrink_left[e.job_id]) for e in on_node.get(n, ()))
+                # What the elastic jobs here can give up. A resize restarts the whole job (requeue), so a
+                # job may leave this node entirely and restart on the pool's other nodes (the enactor
+                # then excludes the reserved nodes: ``Reservations.avoid``), when its minimum fits there;
+                # else it can shrink here down to its minimum.
+                gain = sum(e.gpus_per_node if movable(e, n, p) else min(e.gpus_per_node, shrink_left[e.job_id])
+                           for e in on_node.get(n, ()))
                 if free.get(n, 0) + gain < want:
                     continue
                 cands.append((max(0, want - free.get(n, 0)), left[n], n, want))
@@ -248,10 +261,21 @@ def reserve_rigid(
                 if need <= 0:
                     break
                 take = min(e.gpus_per_node, shrink_left[e.job_id], need)
-                if take > 0:
+                can_move = movable(e, n, by_name[name])
+                if take >= need or (take > 0 and not can_move):
                     shrink_left[e.job_id] -= take
                     res.caps[e.job_id] = max(e.min_gpus, res.caps.get(e.job_id, e.gpus) - take)
                     need -= take
+                    continue
+                if not can_move:
+                    continue
+                # Shrinking here is not enough: the job leaves the node and restarts elsewhere in the
+                # pool, at most at what the other nodes leave free (and below its size, so it is resized).
+                room = sum(free.get(m, 0) for m in by_name[name].nodes if m != n and m not in res.by_node)
+                res.caps[e.job_id] = max(e.min_gpus, min(e.gpus - 1, room, res.caps.get(e.job_id, e.gpus)))
+                res.avoid.setdefault(e.job_id, set()).add(n)
+                shrink_left[e.job_id] = 0
+                need -= e.gpus_per_node
             free[n] = max(0, free.get(n, 0) - want)
             left[n] -= want
             res.by_node[n] = res.by_node.get(n, 0) + want

@@ -431,7 +431,10 @@ def build_problem(
         non_elastic_gpus=non_elastic_gpus,
         node_size=size,
         decisions=decisions,
-        node_free={n.name: max(0, n.gpus_total - n.gpus_used - res.by_node.get(n.name, 0)) for n in managed},
+        # A reserved node may show less than nothing free: the elastic GPUs on it that must leave count
+        # against the reservation, so the planner's give-back of a leaving job does not free them again.
+        node_free={n.name: (n.gpus_total - n.gpus_used - res.by_node[n.name]) if res.by_node.get(n.name)
+                   else max(0, n.gpus_total - n.gpus_used) for n in managed},
         unmanaged=unmanaged,
         pools=tuple(node_pools),
         reservations=res,

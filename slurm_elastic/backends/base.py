@@ -207,9 +207,11 @@ class SlurmBackend(abc.ABC):
         admin_comment: str | None = None,
         partition: str | None = None,
         gpu_type: str | None = None,
+        exclude_nodes: tuple[str, ...] | None = None,
     ) -> None:
         """Change a pending job: GPUs per node, exact node count, task count, begin time now, admin comment;
-        ``partition``/``gpu_type`` pin it to the pool the allocator chose (issue 13; None: unchanged)."""
+        ``partition``/``gpu_type`` pin it to the pool the allocator chose (issue 13; None: unchanged);
+        ``exclude_nodes`` are nodes it may not start on (GPUs kept for a rigid job; () clears; None: unchanged)."""
 
     @abc.abstractmethod
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:

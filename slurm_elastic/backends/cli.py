@@ -35,6 +35,7 @@ TRANSIENT_ERRORS = re.compile(
 _SIGNAL_RE = re.compile(r"^(SIG)?[A-Z0-9]{1,8}$")
 _GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _PARTITION_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}(,[A-Za-z0-9_.\-]{1,64}){0,31}$")
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def check_pool_args(job_id: int, partition: str | None, gpu_type: str | None) -> None:
@@ -248,11 +249,15 @@ class CliBackend(SlurmBackend):
         admin_comment: str | None = None,
         partition: str | None = None,
         gpu_type: str | None = None,
+        exclude_nodes: tuple[str, ...] | None = None,
     ) -> None:
-        """One ``scontrol update`` for the resize and the pool (partition, GPU type): Slurm applies it as a
-        whole or not at all. ``gpu_type`` None keeps the job's type; "" makes it untyped."""
+        """One ``scontrol update`` for the resize and the pool (partition, GPU type) and the nodes it may
+        not use: Slurm applies it as a whole or not at all. ``gpu_type`` None keeps the job's type; ""
+        makes it untyped. ``exclude_nodes`` () clears the job's ``ExcNodeList`` (seen live on 22.05.8)."""
         jid = self._jid(job_id)
         check_pool_args(job_id, partition, gpu_type)
+        if exclude_nodes is not None and not all(isinstance(n, str) and _NODE_RE.match(n) for n in exclude_nodes):
+            raise ValueError(f"job {job_id}: exclude_nodes must be Slurm node names, got {exclude_nodes!r}")
         resize: list[str] = []
         clear_first = False
         if gpu_type is not None and gpus_per_node is None:
@@ -290,6 +295,8 @@ class CliBackend(SlurmBackend):
             # Last, after TresPerNode. 24.11 sometimes answers a partition change with "Resource
             # temporarily unavailable" (seen live, intermittent, in either order): retried as transient.
             resize.append(f"Partition={partition}")
+        if exclude_nodes is not None:
+            resize.append(f"ExcNodeList={','.join(exclude_nodes)}")
         if clear_first:
             self._call("scontrol", ["update", f"JobId={jid}", "TresPerNode="])
         if resize:

@@ -370,15 +370,16 @@ class PyslurmBackend(SlurmBackend):
         admin_comment: str | None = None,
         partition: str | None = None,
         gpu_type: str | None = None,
+        exclude_nodes: tuple[str, ...] | None = None,
     ) -> None:
         jid = self._jid(job_id)
         if admin_comment is not None and ("\n" in admin_comment or len(admin_comment) > 1024):
             raise ValueError(f"job {job_id}: admin comment must be one line of at most 1024 characters")
         if (gpus_per_node is not None or num_nodes is not None or num_tasks is not None or partition is not None
-                or gpu_type is not None):
+                or gpu_type is not None or exclude_nodes is not None):
             # The CLI fallback: one atomic resize and pool change (see the module docstring).
             self.cli.update_job(jid, gpus_per_node=gpus_per_node, num_nodes=num_nodes, num_tasks=num_tasks,
-                                partition=partition, gpu_type=gpu_type)
+                                partition=partition, gpu_type=gpu_type, exclude_nodes=exclude_nodes)
         if admin_comment is not None:
             if admin_comment == "":
                 # pyslurm sends an empty string as "unset" (NULL): clearing needs the CLI.

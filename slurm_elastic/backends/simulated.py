@@ -94,6 +94,7 @@ class SimJob:
     run_start: float = 0.0
     first_start: float | None = None
     end_time: float | None = None
+    excluded: frozenset = frozenset()  # node indices it may not start on (ExcNodeList)
     restart_count: int = 0
     acked: bool = False
     version: int = 0
@@ -426,7 +427,8 @@ class SimulatedSlurm(SlurmBackend):
             return None
         parts = set(j.partition.split(",")) if j is not None else None
         want = j.gpu_type if j is not None else ""
-        cands = [i for i, f in enumerate(self.free) if f >= gpn and i not in self.drained
+        avoid = j.excluded if j is not None else frozenset()
+        cands = [i for i, f in enumerate(self.free) if f >= gpn and i not in self.drained and i not in avoid
                  and (parts is None or self.node_part[i] in parts) and (not want or self.node_type[i] == want)]
         if len(cands) < count:
             return None
@@ -554,6 +556,7 @@ class SimulatedSlurm(SlurmBackend):
         admin_comment: str | None = None,
         partition: str | None = None,
         gpu_type: str | None = None,
+        exclude_nodes: tuple[str, ...] | None = None,
     ) -> None:
         j = self._get(job_id)
         if j.state != PENDING:
@@ -573,6 +576,8 @@ class SimulatedSlurm(SlurmBackend):
             j.partition = partition
         if gpu_type is not None:
             j.gpu_type = gpu_type
+        if exclude_nodes is not None:
+            j.excluded = frozenset(self.node_names.index(n) for n in exclude_nodes if n in self.node_names)
 
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         j = self._get(job_id)

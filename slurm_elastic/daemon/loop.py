@@ -872,6 +872,7 @@ class _NoPoll:
     def __init__(self, real: Enactor):
         self.real = real
         self.in_flight = real.in_flight
+        self.excluded = real.excluded
 
     def in_flight_targets(self):
         return self.real.in_flight_targets()
@@ -888,6 +889,7 @@ class _DryEnactor:
 
     def __init__(self, real: Enactor | None):
         self.in_flight = dict(real.in_flight) if real else {}
+        self.excluded = set(real.excluded) if real else set()
         self.planned: list = []
 
     def in_flight_targets(self):

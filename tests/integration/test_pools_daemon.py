@@ -6,11 +6,11 @@ Checked every cycle, from what Slurm runs:
 - no job ever runs outside its partition or gres type, and nothing runs on the drained node;
 - a job allowed in both partitions runs in the pool the allocator chose for it;
 
-and then: a plain rigid ``--gres=gpu:v100:4`` job submitted while elastic jobs fill the cluster starts
+and then: a plain rigid ``--gres=gpu:v100:8`` job submitted while elastic jobs fill the cluster starts
 within two daemon cycles plus one rescale (the daemon shrinks the elastic jobs of its pool and grows
-nobody into the GPUs it keeps free for it; Slurm's own scheduler starts the rigid job). Not covered (not
-built): a rigid job that needs a whole node on which an elastic job already sits at its minimum; that
-needs the daemon to move the elastic job to another node (docs/SYSADMIN.md, known limits).
+nobody into the GPUs it keeps free for it; Slurm's own scheduler starts the rigid job). Each v100 node
+holds an elastic job, so one must move: it restarts on the other node, smaller, with the reserved node in
+its ``ExcNodeList``.
 
 The elastic jobs are a few lines of Python under ``srun`` that acknowledge the daemon's stop request the
 way the in-job library does (``stop-ack.<job>.<restart>.json``), so the test spends its time on Slurm and
@@ -138,8 +138,9 @@ def test_daemon_places_in_pools_never_on_a_drained_node_and_lets_a_rigid_job_sta
             time.sleep(1)
         busy = {n for r in c.backend.list_jobs() if r.is_running for n in r.nodes}
         assert V100 <= busy, busy  # no whole v100 node is free: the rigid job needs the daemon
-        # Half a v100 node: the elastic jobs leave 3 free on each, so one of them must shrink for it.
-        rigid = c.sbatch(["-p", "v100", "--gres=gpu:v100:4", "-N1", "--job-name=pools-rigid", "-o", "/dev/null",
+        # A whole v100 node, while an elastic job sits on each: one of them must leave its node (restart on
+        # the other one, which Slurm is told by ExcNodeList) -- shrinking in place cannot free a node.
+        rigid = c.sbatch(["-p", "v100", "--gres=gpu:v100:8", "-N1", "--job-name=pools-rigid", "-o", "/dev/null",
                           "--wrap", "sleep 300"], cwd=work)
         ids.append(rigid)
         t0, cycles, grew, reserved = time.monotonic(), 0, [], None
@@ -166,7 +167,7 @@ def test_daemon_places_in_pools_never_on_a_drained_node_and_lets_a_rigid_job_sta
               f"{[(x['job_id'], x['gpus_from'], x['gpus_to']) for x in resizes]}")
         assert not grew, grew  # nobody grew into the v100 GPUs kept for the rigid job
         r = c.backend.get_job(rigid)
-        assert set(r.nodes) <= V100 and r.gpus_total == 4
+        assert set(r.nodes) <= V100 and r.gpus_total == 8
         assert reserved is not None and set(reserved[1]) <= V100, reserved  # the daemon kept GPUs for it
         # Two cycles to see the job and enact the shrink, plus one rescale (signal, ack, requeue, restart):
         # on this cluster a rescale takes well under 60 s; allow that.

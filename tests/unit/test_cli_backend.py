@@ -175,6 +175,22 @@ def test_hostile_partition_or_gpu_type_is_refused_before_any_call():
     assert not [c for c in r.calls if "update" in c]
 
 
+def test_update_excludes_nodes_in_the_same_update_clears_them_and_refuses_odd_names():
+    r = FakeRunner("22.05.8")
+    r.add("squeue --json", (0, one_job_doc(), ""))
+    b = backend(r)
+    b.update_job(5, gpus_per_node=3, num_nodes=1, exclude_nodes=("node3", "node4"))
+    assert r.calls[-1][1:] == ["update", "JobId=5", "TresPerNode=gres:gpu:3", "NumNodes=1-1",
+                               "ExcNodeList=node3,node4"]
+    b.update_job(5, gpus_per_node=3, exclude_nodes=())  # the reservation is over: cleared (seen live)
+    assert r.calls[-1][-1] == "ExcNodeList="
+    n = len(r.calls)
+    for bad in (("node3 Partition=root",), ("",), ("-x",), (7,)):
+        with pytest.raises(ValueError, match="job 5: exclude_nodes"):
+            b.update_job(5, gpus_per_node=1, exclude_nodes=bad)
+    assert len(r.calls) == n
+
+
 def test_a_job_asking_for_two_gpu_types_is_not_resized_into_one():
     r = FakeRunner()
     r.add("squeue --json", (0, one_job_doc(tres_per_node="gres:gpu:a100:1,gres:gpu:v100:1"), ""))

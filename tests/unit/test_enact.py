@@ -178,3 +178,25 @@ def test_a_job_that_ends_between_the_read_and_the_signal_is_skipped_not_an_error
     b = Ended("RUNNING")  # still running: the failed signal is a real error
     res = Enactor(b, clock=lambda: 0.0).apply([pl.Resize(7, 4, 8, 2, 4, D)])
     assert [r.status for r in res] == ["error"]
+
+
+def test_starts_and_resizes_exclude_nodes_kept_for_a_rigid_job_and_clear_it_after():
+    """The daemon's reservation for a rigid job is told to Slurm as ExcNodeList (a restarted job is placed
+    by Slurm); once nothing is reserved, the next start/resize of a job excluded before clears it."""
+    from slurm_elastic import planner as pl
+    from slurm_elastic.enact import _exclude_reserved
+    from slurm_elastic.spec import Decision
+
+    class E:
+        excluded: set = set()
+
+    e = E()
+    e.excluded = set()
+    d = Decision(gpus=3, nodes=1, batch=48, local_batch=16, accum=1, seq=1)
+    acts = (pl.Resize(1, 5, 3, 1, 3, d), pl.Start(2, 3, 1, 3, d), pl.Leave(3, "same GPU count"))
+    out = _exclude_reserved(pl.Plan(actions=acts, committed_gpus=0, deferred=0), {"v1": 8, "v2": 0}, e)
+    assert [getattr(a, "exclude_nodes", None) for a in out.actions] == [("v1",), ("v1",), None]
+    assert e.excluded == {1, 2}
+    later = (pl.Resize(1, 3, 4, 1, 4, d), pl.Start(4, 3, 1, 3, d))
+    out = _exclude_reserved(pl.Plan(actions=later, committed_gpus=0, deferred=0), {}, e)
+    assert [a.exclude_nodes for a in out.actions] == [(), None] and e.excluded == {2}

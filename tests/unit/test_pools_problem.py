@@ -127,7 +127,9 @@ def test_rigid_job_reserves_gpus_and_shrinks_the_elastic_jobs_on_them():
         assert (caps[j] < 8) == bool(on[j] & set(res.jobs[9][1]))
     cap = dict(snap.problem.node_capacity)
     assert all(cap[n] == 0 for n in res.jobs[9][1])
-    assert all(snap.node_free[n] == 0 for n in res.jobs[9][1])
+    # nothing free there for elastic jobs; the elastic GPUs still on them count against the reservation
+    # (4 used - 4 reserved of 4), so the planner's give-back of a leaving job frees nothing there
+    assert all(snap.node_free[n] == -4 for n in res.jobs[9][1])
 
 
 def test_rigid_job_that_cannot_fit_at_the_minimums_blocks_lower_ones_in_its_pools():
@@ -177,3 +179,35 @@ def test_a_single_node_elastic_job_gives_up_part_of_its_node_for_a_rigid_job():
     snap = build(jobs, nodes)
     assert snap.reservations.jobs[9] == ("gpu:gpu", ("n1",))
     assert snap.problem.jobs[0].spec.max_gpus == 3 and snap.problem.total_gpus == 3
+
+
+def test_an_elastic_job_at_its_minimum_moves_off_the_node_a_rigid_job_needs():
+    # The live scenario (tests/integration/test_pools_daemon.py): two 8-GPU nodes, an elastic job of 5 on
+    # each (minimum 1). A rigid job needs a whole node: no shrink in place frees one, so one elastic job
+    # must restart on the other node (3 free there), below its size, with the reserved node excluded.
+    spec = toy_spec(min_gpus=1, max_gpus=8, batch=16)
+    nodes = [node("v1", 8, used=5), node("v2", 8, used=5)]
+    jobs = [job(1, "RUNNING", 5, ["v1"], held=False, comment=spec.to_comment()),
+            job(2, "RUNNING", 5, ["v2"], held=False, comment=spec.to_comment()),
+            job(9, "PENDING", 8, comment="", held=False, gpn=8, n=1, priority=500)]
+    snap = build(jobs, nodes)
+    res = snap.reservations
+    assert 9 in res.jobs, res.blocked
+    (on,) = res.jobs[9][1]
+    mover = 1 if on == "v1" else 2
+    assert res.avoid == {mover: {on}}
+    assert res.caps[mover] == 3  # what the other node leaves free, below its 5 (so it is resized)
+    caps = {q.job_id: q.spec.max_gpus for q in snap.problem.jobs}
+    assert caps[mover] == 3 and caps[3 - mover] == 8
+    assert dict(snap.problem.node_capacity)[on] == 0 and snap.node_free[on] == -5
+
+
+def test_a_job_that_cannot_restart_elsewhere_is_not_moved():
+    # The other node has no GPU free for even the job's minimum: nothing is reserved, the rigid job waits.
+    spec = toy_spec(min_gpus=2, max_gpus=8, batch=16)
+    nodes = [node("v1", 8, used=8), node("v2", 8, used=7)]
+    jobs = [job(1, "RUNNING", 8, ["v1"], held=False, comment=spec.to_comment()),
+            job(2, "RUNNING", 7, ["v2"], held=False, comment=toy_spec(min_gpus=7, max_gpus=8, batch=16).to_comment()),
+            job(9, "PENDING", 8, comment="", held=False, gpn=8, n=1, priority=500)]
+    res = build(jobs, nodes).reservations
+    assert 9 not in res.jobs and not res.avoid and "minimums" in res.blocked[9]
