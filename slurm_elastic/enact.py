@@ -269,6 +269,7 @@ def run_cycle(
     placement: bool = True,
     job_info=None,
     left_alone: Mapping[int, str] | None = None,
+    partition_limits: Mapping | None = None,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
 
@@ -296,6 +297,7 @@ def run_cycle(
         spec_cache=state.spec_cache,
         job_info=job_info,
         left_alone=left_alone,
+        partition_limits=partition_limits,
     )
     snap = _freeze(snap, state.books, now, planner_config or pl.PlannerConfig())
     if snap.problem.jobs:

@@ -55,7 +55,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from slurm_elastic.backends.base import JobRecord, NodeRecord
+from slurm_elastic.backends.base import JobRecord, NodeRecord, PartitionRecord
 from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
 from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
 from slurm_elastic.pools import (
@@ -249,6 +249,7 @@ def build_problem(
     job_info: JobInfoFor | None = None,
     left_alone: Mapping[int, str] | None = None,
     model_for_type: ModelForType | None = gavel_model_for_type,
+    partition_limits: Mapping[str, PartitionRecord] | None = None,
 ) -> Snapshot:
     """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
     ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known;
@@ -290,7 +291,7 @@ def build_problem(
             is_el = False
         if is_el:
             try:
-                spec = cache.get(r.comment, r.job_id, size)
+                spec = _within_limits(r, cache.get(r.comment, r.job_id, size), partition_limits, size)
                 where = _job_pools(r, node_pools, pool_of_node, managed_names)
                 allowed[r.job_id], pinned[r.job_id] = where
                 specs[r.job_id] = spec
@@ -493,6 +494,34 @@ def _reserve(rigid, pools, managed, node_cap, reqs, pinned, in_flight) -> Reserv
                         {n.name: n.gpus_total for n in managed}, on_nodes, committed)
     res.blocked.update(blocked)
     return res
+
+
+def _within_limits(r: JobRecord, spec: ElasticSpec, limits: Mapping[str, PartitionRecord] | None,
+                   size: int) -> ElasticSpec:
+    """The spec as Slurm will let it run: an elastic ``--exclusive`` job is refused (the daemon sizes jobs
+    by GPU, Slurm would give it whole nodes), and the most GPUs are capped by its partitions' MaxNodes
+    (the strictest of the partitions it may use: a plan past it would never start)."""
+    if r.exclusive:
+        raise SpecError("an elastic job cannot be --exclusive (the daemon sizes it by GPU; Slurm would hold "
+                        "whole nodes for it): submit it without --exclusive", job_id=r.job_id, field="exclusive")
+    if not limits or size <= 0:
+        return spec
+    caps = [(lim.max_nodes, p) for p in r.partitions if (lim := limits.get(p)) is not None and lim.max_nodes]
+    if not caps:
+        return spec
+    max_nodes, part = min(caps)
+    most = 0
+    for k in range(spec.max_gpus, spec.min_gpus - 1, -1):
+        try:
+            if spec.placement(k, size)[0] <= max_nodes:
+                most = k
+                break
+        except ValueError:
+            continue
+    if most < spec.min_gpus:
+        raise SpecError(f"min_gpus={spec.min_gpus} needs more nodes of {size} GPUs than partition {part}'s "
+                        f"MaxNodes={max_nodes}", job_id=r.job_id, field="min_gpus")
+    return spec if most == spec.max_gpus else replace(spec, max_gpus=most)
 
 
 def _pool_requests(reqs, res, allowed, pinned, pools, records, model_for_type, now, size, capacity):

@@ -408,6 +408,7 @@ class Daemon:
         self.ack = ack if ack is not None else CheckpointDirAck(lambda: self.records)
         self.clock = clock
         self.cycle_no = 0
+        self._limits: tuple[float, dict] | None = None  # (when read, partition -> PartitionRecord)
         self.policy = CappedPolicy(get_policy(config.policy), config.max_gpus_per_job, config.max_gpus_per_user)
         self.state = CycleState()
         self.enactor: Enactor | None = None
@@ -616,7 +617,7 @@ class Daemon:
                 planner_config=pl.PlannerConfig(cooldown_s=cfg.cooldown_s, max_in_flight=cfg.max_in_flight,
                                                 allow_preemption=cfg.allow_preemption),
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
-                left_alone=left_alone,
+                left_alone=left_alone, partition_limits=self._partition_limits(),
             )
         except SlurmError as e:
             return self._skip_cycle(e)
@@ -624,6 +625,23 @@ class Daemon:
         elapsed = time.perf_counter() - t0
         self._after_cycle(result, records, elapsed)
         return result
+
+    LIMITS_TTL_S = 60.0
+
+    def _partition_limits(self) -> dict:
+        """Partitions' MaxNodes etc. (``scontrol -o show partition``), read once a minute: they change
+        only when a sysadmin reconfigures Slurm. A failed read keeps the last ones (logged)."""
+        now = time.monotonic()
+        cached = self._limits
+        if cached is not None and now - cached[0] < self.LIMITS_TTL_S:
+            return cached[1]
+        try:
+            limits = {p.name: p for p in self.backend.list_partitions()}
+        except SlurmError as e:
+            event(logging.WARNING, "cannot read partition limits; keeping the last ones", error=str(e))
+            limits = cached[1] if cached is not None else {}
+        self._limits = (now, limits)
+        return limits
 
     def _model_for(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
         """The site's rules for this job (weight, ckpt_dir), then its throughput model; any failure is

@@ -211,3 +211,24 @@ def test_a_job_that_cannot_restart_elsewhere_is_not_moved():
             job(9, "PENDING", 8, comment="", held=False, gpn=8, n=1, priority=500)]
     res = build(jobs, nodes).reservations
     assert 9 not in res.jobs and not res.avoid and "minimums" in res.blocked[9]
+
+
+def test_partition_maxnodes_caps_an_elastic_job_and_a_minimum_past_it_is_its_error():
+    from slurm_elastic.backends.base import PartitionRecord
+
+    nodes = [node(f"n{i}", 4) for i in range(1, 5)]
+    wide = toy_spec(min_gpus=1, max_gpus=16, batch=16).to_comment()
+    big = toy_spec(min_gpus=12, max_gpus=16, batch=16).to_comment()
+    limits = {"gpu": PartitionRecord("gpu", max_nodes=2)}
+    snap = build([job(1, comment=wide), job(2, comment=big)], nodes, partition_limits=limits)
+    assert {q.job_id: q.spec.max_gpus for q in snap.problem.jobs} == {1: 8}  # 2 nodes x 4
+    assert snap.errors[2].field == "min_gpus" and "MaxNodes=2" in str(snap.errors[2])
+    assert {q.job_id for q in build([job(1, comment=wide)], nodes).problem.jobs} == {1}  # no limits: as before
+    assert build([job(1, comment=wide)], nodes).problem.jobs[0].spec.max_gpus == 16
+
+
+def test_an_elastic_exclusive_job_is_refused_naming_the_field_and_others_go_on():
+    nodes = [node("n1"), node("n2")]
+    snap = build([job(1, exclusive=True), job(2)], nodes)
+    assert snap.errors[1].field == "exclusive" and "--exclusive" in str(snap.errors[1])
+    assert [q.job_id for q in snap.problem.jobs] == [2]
