@@ -308,9 +308,9 @@ def run_cycle(
         alloc, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
         config=planner_config or pl.PlannerConfig(),
         node_free=snap.node_free if placement else None, pools=snap.problem.pools,
-        urgent=snap.reservations.caps,
+        urgent=snap.kept_for_rigid.caps,
     )
-    the_plan = _exclude_reserved(the_plan, snap.reservations.by_node, enactor)
+    the_plan = _exclude_reserved(the_plan, snap.kept_for_rigid.by_node, enactor)
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).
     ok = [r.action for r in results

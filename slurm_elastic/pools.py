@@ -163,7 +163,7 @@ class ElasticOnNode:
 
 
 @dataclass
-class Reservations:
+class KeptForRigid:
     """What :func:`reserve_rigid` decided."""
 
     by_node: dict[str, int] = field(default_factory=dict)  # node -> GPUs kept free for rigid jobs
@@ -186,7 +186,7 @@ def reserve_rigid(
     elastic: Sequence[ElasticOnNode],
     committed_min: Mapping[str, int],
     limit: int = 256,
-) -> Reservations:
+) -> KeptForRigid:
     """Reserve GPUs for ``rigid`` jobs (already in Slurm priority order).
 
     ``capacity``: node -> GPUs not held by running non-elastic jobs; ``free_now``: node -> GPUs Slurm
@@ -196,7 +196,7 @@ def reserve_rigid(
     (each down to its minimum, at most its GPUs on that node); reservations go on the nodes that displace
     the fewest elastic GPUs.
     """
-    res = Reservations()
+    res = KeptForRigid()
     by_name = {p.name: p for p in pools}
     on_node: dict[str, list[ElasticOnNode]] = defaultdict(list)
     for e in elastic:
@@ -234,7 +234,7 @@ def reserve_rigid(
                     continue
                 # What the elastic jobs here can give up. A resize restarts the whole job (requeue), so a
                 # job may leave this node entirely and restart on the pool's other nodes (the enactor
-                # then excludes the reserved nodes: ``Reservations.avoid``), when its minimum fits there;
+                # then excludes the reserved nodes: ``KeptForRigid.avoid``), when its minimum fits there;
                 # else it can shrink here down to its minimum.
                 gain = sum(e.gpus_per_node if movable(e, n, p) else min(e.gpus_per_node, shrink_left[e.job_id])
                            for e in on_node.get(n, ()))

@@ -33,7 +33,7 @@ Rules:
 - **Rigid jobs** (non-elastic, pending for Resources/Priority, not held) get GPUs reserved in Slurm
   priority order when they would fit at the elastic minimums (``pools.reserve_rigid``): the reserved
   GPUs leave the capacity, the node map and ``node_free``; elastic jobs on them are capped below their
-  size; ``Snapshot.reservations`` says what was reserved, for whom, and who waits and why.
+  size; ``Snapshot.kept_for_rigid`` says what was reserved, for whom, and who waits and why.
 - **Time limits**: a running job whose restart could not pay back before its ``--time`` is frozen.
 - **Priority order** handed to the policy: Slurm priority when set and non-zero (higher first), then
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
@@ -61,7 +61,7 @@ from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
 from slurm_elastic.pools import (
     ElasticOnNode,
     NodePool,
-    Reservations,
+    KeptForRigid,
     allowed_pools,
     group_pools,
     reserve_rigid,
@@ -126,9 +126,9 @@ class Snapshot:
     node_free: Mapping[str, int] = field(default_factory=dict)  # free GPUs per managed node, now
     unmanaged: Mapping[int, str] = field(default_factory=dict)  # elastic jobs left alone -> why
     # Issue 13: the pools (pools.NodePool, in problem order), and the GPUs kept free for pending rigid
-    # jobs (pools.Reservations: per node, per rigid job, and those that wait, with the reason).
+    # jobs (pools.KeptForRigid: per node, per rigid job, and those that wait, with the reason).
     pools: tuple[NodePool, ...] = ()
-    reservations: Reservations = field(default_factory=Reservations)
+    kept_for_rigid: KeptForRigid = field(default_factory=KeptForRigid)
     partitions_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # elastic job -> its partitions
 
 
@@ -438,7 +438,7 @@ def build_problem(
                    else max(0, n.gpus_total - n.gpus_used) for n in managed},
         unmanaged=unmanaged,
         pools=tuple(node_pools),
-        reservations=res,
+        kept_for_rigid=res,
         partitions_of={r.job_id: r.partitions for r in elastic if r.job_id in specs},
     )
 
@@ -467,10 +467,10 @@ def _job_pools(r: JobRecord, pools, pool_of_node, managed_names) -> tuple[tuple[
     return ap, ""
 
 
-def _reserve(rigid, pools, managed, node_cap, reqs, pinned, in_flight) -> Reservations:
+def _reserve(rigid, pools, managed, node_cap, reqs, pinned, in_flight) -> KeptForRigid:
     """GPUs kept free for pending rigid jobs (pools.reserve_rigid), given the elastic requests."""
     if not rigid:
-        return Reservations()
+        return KeptForRigid()
     demands = []
     blocked: dict[int, str] = {}
     for r in rigid:

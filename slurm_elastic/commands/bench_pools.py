@@ -1,4 +1,4 @@
-"""``bench allocator --pools P``: the multi-pool optimizer (policies/_pools.py) on a random instance.
+"""``bench allocator --pools P``: the multi-pool optimizer (policies/_multipool.py) on a random instance.
 
 The single-pool instance of ``bench allocator`` (same seed, jobs, GPUs, node size) is split into ``P``
 pools of equal node count, GPU types cycling over Gavel's (k80, p100, v100) so that Gavel-profiled jobs

@@ -113,7 +113,7 @@ class Allocation:
     solve_s: float = 0.0
     policy: str = ""
     # A proven upper bound on ``objective``'s optimum when the solver is not exact (several pools:
-    # policies/_pools.py); ``bound - objective`` is the optimality gap. None: solved exactly.
+    # policies/_multipool.py); ``bound - objective`` is the optimality gap. None: solved exactly.
     bound: float | None = None
 
     def gpus_used(self) -> int:

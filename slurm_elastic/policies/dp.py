@@ -58,8 +58,8 @@ class DPPolicy(Policy):
                                starvation_s=self.starvation_s, efficiency=eff, objective=value)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
-        if len(problem.pools) > 1:  # several pools (issue 13): policies/_pools.py
-            from slurm_elastic.policies._pools import allocate_pools
+        if len(problem.pools) > 1:  # several pools (issue 13): policies/_multipool.py
+            from slurm_elastic.policies._multipool import allocate_pools
 
             value, goodput = self.OBJECTIVES[self.objective]
             joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=self.objective)

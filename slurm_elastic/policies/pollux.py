@@ -30,8 +30,8 @@ class PolluxDPPolicy(Policy):
     def allocate(self, problem: AllocationProblem) -> Allocation:
         from slurm_elastic.profiles.goodput import efficiency_for_request
 
-        if len(problem.pools) > 1:  # several pools (issue 13): policies/_pools.py
-            from slurm_elastic.policies._pools import allocate_pools
+        if len(problem.pools) > 1:  # several pools (issue 13): policies/_multipool.py
+            from slurm_elastic.policies._multipool import allocate_pools
 
             def joint(sub):
                 return make_candidates(sub, admission="joint", starvation_s=float("inf"),

@@ -149,8 +149,8 @@ def test_daemon_places_in_pools_never_on_a_drained_node_and_lets_a_rigid_job_sta
             before = {r.job_id: r.gpus_total for r in c.backend.list_jobs() if r.is_running}
             res = cycle_and_check()
             cycles += 1
-            if rigid in res.snapshot.reservations.jobs and not reserved:
-                reserved = res.snapshot.reservations.jobs[rigid]
+            if rigid in res.snapshot.kept_for_rigid.jobs and not reserved:
+                reserved = res.snapshot.kept_for_rigid.jobs[rigid]
             grew += [a for a in res.plan.actions
                      if a.job_id in (both, v100) and a.kind in ("start", "resize") and a.gpus > before.get(a.job_id, 0)
                      and chosen.get(a.job_id) == V100]

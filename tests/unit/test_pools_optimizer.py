@@ -1,4 +1,4 @@
-"""The multi-pool optimizer (policies/_pools.py) against HiGHS on small random instances of the same
+"""The multi-pool optimizer (policies/_multipool.py) against HiGHS on small random instances of the same
 problem Q (every (job, pool, choice) a binary; one per job; pool capacities), and its dispatch."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sim_helpers import LinearModel, toy_spec
 
-from slurm_elastic.policies._pools import REQUIRED, allocate_pools, build_q, lagrangian
+from slurm_elastic.policies._multipool import REQUIRED, allocate_pools, build_q, lagrangian
 from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
 from slurm_elastic.policies.dp import DPPolicy
 from slurm_elastic.profiles.gavel import gavel_model

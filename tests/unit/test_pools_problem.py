@@ -117,7 +117,7 @@ def test_rigid_job_reserves_gpus_and_shrinks_the_elastic_jobs_on_them():
     jobs = [job(1, "RUNNING", 8, ["n1", "n2"], held=False), job(2, "RUNNING", 8, ["n3", "n4"], held=False),
             job(9, "PENDING", 8, comment="", held=False, gpn=4, n=2, priority=500)]
     snap = build(jobs, nodes)
-    res = snap.reservations
+    res = snap.kept_for_rigid
     assert res.jobs[9][1] and len(res.jobs[9][1]) == 2 and sum(res.by_node.values()) == 8
     assert snap.problem.total_gpus == 8 and snap.capacity == 8
     caps = {q.job_id: q.spec.max_gpus for q in snap.problem.jobs}
@@ -139,9 +139,9 @@ def test_rigid_job_that_cannot_fit_at_the_minimums_blocks_lower_ones_in_its_pool
             job(8, "PENDING", 16, comment="", held=False, gpn=4, n=4, priority=600),
             job(9, "PENDING", 4, comment="", held=False, gpn=4, n=1, priority=500)]
     snap = build(jobs, nodes)
-    assert not snap.reservations.by_node
-    assert "elastic jobs at their minimums" in snap.reservations.blocked[8]
-    assert "higher-priority rigid job" in snap.reservations.blocked[9]
+    assert not snap.kept_for_rigid.by_node
+    assert "elastic jobs at their minimums" in snap.kept_for_rigid.blocked[8]
+    assert "higher-priority rigid job" in snap.kept_for_rigid.blocked[9]
 
 
 def test_rigid_exclusive_takes_whole_nodes_and_held_rigid_jobs_are_ignored():
@@ -150,9 +150,9 @@ def test_rigid_exclusive_takes_whole_nodes_and_held_rigid_jobs_are_ignored():
             job(8, "PENDING", 2, comment="", held=True, gpn=2, n=1),  # held: Slurm will not start it
             job(9, "PENDING", 2, comment="", held=False, gpn=2, n=1, exclusive=True, priority=50)]
     snap = build(jobs, nodes)
-    name, on = snap.reservations.jobs[9]
-    assert len(on) == 1 and on[0] in ("n2", "n3") and snap.reservations.by_node[on[0]] == 4
-    assert 8 not in snap.reservations.jobs and 8 not in snap.reservations.blocked
+    name, on = snap.kept_for_rigid.jobs[9]
+    assert len(on) == 1 and on[0] in ("n2", "n3") and snap.kept_for_rigid.by_node[on[0]] == 4
+    assert 8 not in snap.kept_for_rigid.jobs and 8 not in snap.kept_for_rigid.blocked
 
 
 def test_time_limit_freezes_a_rescale_that_cannot_pay_back():
@@ -168,7 +168,7 @@ def test_rigid_jobs_waiting_for_something_else_than_gpus_get_no_reservation():
     jobs = [job(1, "RUNNING", 8, ["n1", "n2"], held=False),
             job(8, "PENDING", 4, comment="", held=False, gpn=4, n=1, priority=600, state_reason="Dependency"),
             job(9, "PENDING", 4, comment="", held=False, gpn=4, n=1, priority=500, state_reason="Resources")]
-    res = build(jobs, nodes).reservations
+    res = build(jobs, nodes).kept_for_rigid
     assert 8 not in res.jobs and 8 not in res.blocked and 9 in res.jobs
 
 
@@ -177,7 +177,7 @@ def test_a_single_node_elastic_job_gives_up_part_of_its_node_for_a_rigid_job():
     jobs = [job(1, "RUNNING", 4, ["n1"], held=False),
             job(9, "PENDING", 1, comment="", held=False, gpn=1, n=1, priority=500)]
     snap = build(jobs, nodes)
-    assert snap.reservations.jobs[9] == ("gpu:gpu", ("n1",))
+    assert snap.kept_for_rigid.jobs[9] == ("gpu:gpu", ("n1",))
     assert snap.problem.jobs[0].spec.max_gpus == 3 and snap.problem.total_gpus == 3
 
 
@@ -191,7 +191,7 @@ def test_an_elastic_job_at_its_minimum_moves_off_the_node_a_rigid_job_needs():
             job(2, "RUNNING", 5, ["v2"], held=False, comment=spec.to_comment()),
             job(9, "PENDING", 8, comment="", held=False, gpn=8, n=1, priority=500)]
     snap = build(jobs, nodes)
-    res = snap.reservations
+    res = snap.kept_for_rigid
     assert 9 in res.jobs, res.blocked
     (on,) = res.jobs[9][1]
     mover = 1 if on == "v1" else 2
@@ -209,7 +209,7 @@ def test_a_job_that_cannot_restart_elsewhere_is_not_moved():
     jobs = [job(1, "RUNNING", 8, ["v1"], held=False, comment=spec.to_comment()),
             job(2, "RUNNING", 7, ["v2"], held=False, comment=toy_spec(min_gpus=7, max_gpus=8, batch=16).to_comment()),
             job(9, "PENDING", 8, comment="", held=False, gpn=8, n=1, priority=500)]
-    res = build(jobs, nodes).reservations
+    res = build(jobs, nodes).kept_for_rigid
     assert 9 not in res.jobs and not res.avoid and "minimums" in res.blocked[9]
 
 
