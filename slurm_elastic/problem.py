@@ -60,8 +60,8 @@ from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
 from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
 from slurm_elastic.pools import (
     ElasticOnNode,
-    NodePool,
     KeptForRigid,
+    NodePool,
     allowed_pools,
     group_pools,
     reserve_rigid,
