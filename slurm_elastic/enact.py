@@ -222,7 +222,10 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
         since = None if book is None or book.last_change_s is None else now - book.last_change_s
         cooling = view.status == pl.RUNNING and since is not None and since < config.cooldown_s
         if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
-            jobs[i] = replace(req, frozen=True)
+            jobs[i] = replace(req, frozen=True, held_s=since)
+            changed = True
+        elif since is not None:
+            jobs[i] = replace(req, held_s=since)
             changed = True
     if not changed:
         return snap

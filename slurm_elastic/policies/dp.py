@@ -33,6 +33,11 @@ class DPPolicy(Policy):
     Goodput uses each job's reported noise scale, else its app's measured table, else a conservative
     efficiency (``profiles.goodput.efficiency_for_request``). The default was chosen by measurement:
     docs/EVALUATION.md.
+
+    Stability: a rescale must pay for itself ``restart_margin`` times over the new size's expected life
+    (the least of the horizon, the job's remaining time and, with ``tenure``, how long it has held its
+    current size): a job that was just resized, or is about to finish, is left as it is unless the
+    gain is large (:func:`~slurm_elastic.policies._candidates._restart_share`).
     """
 
     name = "dp"
@@ -40,9 +45,17 @@ class DPPolicy(Policy):
                   "throughput": ("speedup", False)}
 
     def __init__(self, admission: str = "priority", starvation_s: float = 3600.0, objective: str = "completion",
-                 placement: bool = True):
+                 placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
+        self.restart_margin = float(restart_margin)
+        if not self.restart_margin >= 0 or self.restart_margin == float("inf"):
+            raise ValueError(f"restart_margin must be a finite number >= 0, not {restart_margin!r}")
+        if isinstance(tenure, str):  # from a command line "dp:tenure=0"
+            if tenure.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise ValueError(f"tenure must be a boolean, not {tenure!r}")
+            tenure = tenure.lower() in ("1", "true", "yes")
+        self.tenure = bool(tenure)
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
@@ -55,7 +68,8 @@ class DPPolicy(Policy):
         if goodput:
             from slurm_elastic.profiles.goodput import efficiency_for_request as eff
         return make_candidates(problem, fixed_batch=False, admission=self.admission,
-                               starvation_s=self.starvation_s, efficiency=eff, objective=value)
+                               starvation_s=self.starvation_s, efficiency=eff, objective=value,
+                               restart_margin=self.restart_margin, tenure=self.tenure)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Regenerate docs/EVALUATION.md: the policies side by side on the Pollux workloads, measured.
 
     python -m slurm_elastic.sim.evaluate [--jobs 2] [--deadline-min 40] [--cache DIR]
+        [--policies dp,pollux-dp] [--sets workloads] [--workloads 1,3]   # a subset, the rest from the cache
 
 Every run goes through ``Simulation`` -> ``enact.run_cycle`` -> ``policies.get_policy(name)`` ->
 ``planner.plan`` -> ``SimulatedSlurm``: the daemon's code path. The Pollux workloads are read from
@@ -119,7 +120,14 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-min", type=float, default=120.0)
     ap.add_argument("--cache", default=None, help="folder of cached run results (JSON), reused when present")
     ap.add_argument("--write-only", action="store_true", help="write the document from the cache, run nothing")
+    ap.add_argument("--policies", default=None,
+                    help="comma-separated policy specs to run (e.g. dp,pollux-dp); others come from the cache only")
+    ap.add_argument("--sets", default=None, help="comma-separated workload folders to run (default: all)")
+    ap.add_argument("--workloads", default=None, help="comma-separated workload numbers to run (default: 1-5)")
     args = ap.parse_args(argv)
+    only = set(args.policies.split(",")) if args.policies else None
+    sets = set(args.sets.split(",")) if args.sets else None
+    nums = {int(x) for x in args.workloads.split(",")} if args.workloads else None
     cache = Path(args.cache) if args.cache else None
     if cache:
         cache.mkdir(parents=True, exist_ok=True)
@@ -129,7 +137,8 @@ def main(argv=None) -> int:
         f = cache / ("_".join(map(str, t[:4])).replace(":", "-").replace("=", "-").replace(",", "-") + ".json") if cache else None
         if f is not None and f.exists():
             results[t[:4]] = json.loads(f.read_text())
-        elif not args.write_only:
+        elif not args.write_only and (only is None or t[1] in only) and (sets is None or t[2] in sets) \
+                and (nums is None or t[3] in nums):
             todo.append((t, f))
     t0 = time.perf_counter()
     deadline = t0 + args.deadline_min * 60
