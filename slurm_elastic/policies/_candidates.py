@@ -88,6 +88,7 @@ def make_candidates(
     fair_ref: bool = False,
     restart_margin: float = 1.0,
     tenure: bool = False,
+    backoff: float = 0.0,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
@@ -197,7 +198,7 @@ def make_candidates(
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
     remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
-    factor = np.array([1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure)
+    factor = np.array([1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff)
                        if running[j] > 0 else 1.0 for j in dp_list])
     r_rep = np.repeat(run_a, lens_a)
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
@@ -293,7 +294,8 @@ def _remaining_s(req, ref_value: float, horizon_s: float) -> float:
     return max(horizon_s, req.attained_gpu_s / kmin)
 
 
-def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, tenure: bool = False) -> float:
+def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, tenure: bool = False,
+                   backoff: float = 0.0) -> float:
     """Share of a new size's expected life that a rescale costs: ``margin x restart_s / life``, clipped
     to [0, 1] (1: the rescale never pays). ``life`` is the least of the planning horizon, the time the
     job still needs at its current size (a job about to finish is not resized) and, with ``tenure``,
@@ -307,6 +309,7 @@ def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, t
         h = min(h, float(req.held_s))
     if h <= 0:
         return 1.0
+    margin *= 1.0 + backoff * max(0, int(req.rescales))
     return min(1.0, max(0.0, margin * float(r) / h))
 
 

@@ -44,8 +44,9 @@ class DPPolicy(Policy):
     OBJECTIVES = {"completion": ("completion", True), "goodput": ("speedup", True), "pnorm": ("pnorm", True),
                   "throughput": ("speedup", False)}
 
-    def __init__(self, admission: str = "priority", starvation_s: float = 3600.0, objective: str = "completion",
-                 placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True):
+    def __init__(self, admission: str = "joint", starvation_s: float = 3600.0, objective: str = "completion",
+                 placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
+                 backoff: float = 0.0):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)
@@ -56,6 +57,9 @@ class DPPolicy(Policy):
                 raise ValueError(f"tenure must be a boolean, not {tenure!r}")
             tenure = tenure.lower() in ("1", "true", "yes")
         self.tenure = bool(tenure)
+        self.backoff = float(backoff)
+        if not 0 <= self.backoff < float("inf"):
+            raise ValueError(f"backoff must be a finite number >= 0, not {backoff!r}")
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
@@ -69,7 +73,7 @@ class DPPolicy(Policy):
             from slurm_elastic.profiles.goodput import efficiency_for_request as eff
         return make_candidates(problem, fixed_batch=False, admission=self.admission,
                                starvation_s=self.starvation_s, efficiency=eff, objective=value,
-                               restart_margin=self.restart_margin, tenure=self.tenure)
+                               restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()

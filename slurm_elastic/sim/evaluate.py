@@ -199,21 +199,29 @@ def document(R: dict, minutes: float) -> str:
         for n in range(1, 6):
             d = R.get(("goodput", "dp", folder, n))
             fb = R.get(("goodput", "fixed-batch", folder, n))
+            px = R.get(("goodput", "pollux-dp", folder, n))
             rows.append([f"{folder}/workload-{n}", f"{pub[n - 1]:.3f}", h(d and d["avg_jct_s"]),
                          "yes" if d and d["avg_jct_s"] / 3600 <= pub[n - 1] else ("no" if d else "-"),
                          h(fb and fb["avg_jct_s"]),
                          f"{d['avg_jct_s'] / fb['avg_jct_s']:.2f}" if d and fb else "-",
                          f"{d['placed_over_planned']:.3f}" if d else "-",
-                         f"{d['rescales_per_job']:.2f}" if d else "-"])
+                         f"{d['rescales_per_job']:.2f}" if d else "-",
+                         f"{px['rescales_per_job']:.2f}" if px else "-"])
         ds = [R.get(("goodput", "dp", folder, n)) for n in range(1, 6)]
+        fbs = [R.get(("goodput", "fixed-batch", folder, n)) for n in range(1, 6)]
+        pxs = [R.get(("goodput", "pollux-dp", folder, n)) for n in range(1, 6)]
         if all(ds):
             mean = sum(x["avg_jct_s"] for x in ds) / 5 / 3600
+            fbm = sum(x["avg_jct_s"] for x in fbs) / 5 / 3600 if all(fbs) else None
             rows.append([f"**{folder} mean**", f"{sum(pub) / 5:.3f}", f"{mean:.3f}",
-                         f"{100 * (1 - mean / (sum(pub) / 5)):+.1f}% vs Pollux", "", "", "", ""])
+                         f"{100 * (1 - mean / (sum(pub) / 5)):+.1f}% vs Pollux", f"{fbm:.2f}" if fbm else "",
+                         f"{mean / fbm:.2f}" if fbm else "", "",
+                         f"{_mean([x['rescales_per_job'] for x in ds]):.2f}",
+                         f"{_mean([x['rescales_per_job'] for x in pxs]):.2f}" if all(pxs) else ""])
     out.append("## 1. The default policy against Pollux's published figures\n")
     out.append(report.markdown_table(["workload", "Pollux (published) avg JCT h", "dp avg JCT h", "dp <= Pollux",
                                       "fixed-batch avg JCT h", "dp / fixed-batch", "dp placed / planned",
-                                      "dp rescales per job"], rows))
+                                      "dp rescales per job", "pollux-dp rescales per job"], rows))
     out.append(HEADLINE_NOTE)
     # peers side by side
     out.append("## 2. Peers side by side (goodput work model, 30 s per re-allocation)\n")

@@ -242,7 +242,7 @@ def check_feasible(problem, alloc, admitted=None):
 @given(problems())
 def test_dp_policy_equals_brute_force(problem):
     best, admitted = brute_policy(problem)
-    alloc = get_policy("dp", objective="throughput").allocate(problem)
+    alloc = get_policy("dp", objective="throughput", admission="priority").allocate(problem)
     assert alloc.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
     check_feasible(problem, alloc, {problem.jobs[j].job_id for j in admitted})
     for j in admitted:  # every admitted job gets at least its minimum
@@ -262,7 +262,7 @@ def test_dp_joint_admission_equals_brute_force(problem):
 @given(problems(max_jobs=5))
 def test_baselines_are_feasible_and_not_better_than_dp(problem):
     # fixed-batch weighs a restart as dp does with restart_margin 1: compare like with like
-    dp = get_policy("dp", objective="throughput", restart_margin=1.0).allocate(problem)
+    dp = get_policy("dp", objective="throughput", restart_margin=1.0, admission="priority").allocate(problem)
     for name in ("fixed-batch", "static"):
         alloc = get_policy(name).allocate(problem)
         check_feasible(problem, alloc)
