@@ -46,7 +46,7 @@ class DPPolicy(Policy):
 
     def __init__(self, admission: str = "joint", starvation_s: float = 3600.0, objective: str = "completion",
                  placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
-                 backoff: float = 0.0):
+                 backoff: float = 0.15):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)

@@ -38,7 +38,9 @@ POLLUX_PUBLISHED = {"workloads": (0.580, 0.923, 0.608, 0.756, 0.743),
 PEERS = ("dp", "pollux-dp", "fixed-batch", "tiresias", "static")
 VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput speedups)"),
             ("dp:objective=pnorm", "dp, objective pnorm (p = -1, speedup over minimum)"),
-            ("dp:noprogress", "dp (completion) when jobs report no progress (attained service instead)"))
+            ("dp:noprogress", "dp (completion) when jobs report no progress (attained service instead)"),
+            ("dp:admission=priority", "dp, priority admission (every pending job whose minimum fits starts)"),
+            ("dp:restart_margin=1,tenure=0", "dp, rescale stability off (restart over min(horizon, remaining))"))
 
 
 def _policy(spec: str):
@@ -172,14 +174,14 @@ def _mean(xs):
 
 
 def _objective_verdict(R: dict) -> str:
-    """Which measured objective is best on each figure (only objectives with all 5 workloads run)."""
+    """Which measured variant is best on each figure (only variants with all 5 workloads run)."""
     cands = {"completion (default)": "dp", **{label.split(",")[1].strip() if "," in label else label: spec
                                              for spec, label in VARIANTS}}
     full = {lab: [R[("goodput", sp, "workloads", n)] for n in range(1, 6)] for lab, sp in cands.items()
             if all(("goodput", sp, "workloads", n) in R for n in range(1, 6))}
     if len(full) < 2:
-        return "Not every objective finished its runs in this generation; no comparison is drawn.\n"
-    lines = ["Best per figure among the objectives measured (means over workloads/ 1-5; lower is better):"]
+        return "Not every variant finished its runs in this generation; no comparison is drawn.\n"
+    lines = ["Best per figure among the variants measured (means over workloads/ 1-5; lower is better):"]
     for key, what in (("avg_jct_s", "average JCT"), ("median_jct_s", "median JCT"), ("p95_jct_s", "p95 JCT"),
                       ("makespan_s", "makespan"), ("ftf_p95", "finish-time fairness p95"),
                       ("rescales_per_job", "rescales per job")):
@@ -249,7 +251,7 @@ def document(R: dict, minutes: float) -> str:
         out.append("")
     out.append(PEERS_NOTE)
     # objective choice
-    out.append("## 3. Choosing the default objective (workloads/ 1-5, goodput work model)\n")
+    out.append("## 3. Choosing the default: objective, admission, stability (workloads/ 1-5, goodput work model)\n")
     rows = []
     for spec, label in (("dp", "dp, objective completion (default)"),) + VARIANTS:
         ms = [R.get(("goodput", spec, "workloads", n)) for n in range(1, 6)]
@@ -309,7 +311,8 @@ same program.
 
 PEERS_NOTE = """
 - `dp`: goodput tables (throughput x efficiency from the job's reported noise scale, else its app's
-  measured table, else a conservative efficiency), objective `completion` (below), exact knapsack,
+  measured table, else a conservative efficiency), objective `completion` (below), joint admission,
+  a rescale only when it pays for itself 8 times over its expected life (below), exact knapsack,
   re-solved until the allocation places on the nodes (`policies/_placement.py`).
 - `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, restart
   penalty -- solved exactly by the same DP and placement re-solve (not Pollux's genetic algorithm).
@@ -319,14 +322,18 @@ PEERS_NOTE = """
 """
 
 OBJECTIVE_NOTE = """
-`completion` values a choice at `weight x goodput speedup x horizon / remaining time`: the rate at which the
-job's remaining work gets done (heSRPT-like; a sum of per-job terms, so the DP is exact). Every admitted
-job keeps its minimum (admission in priority order, with the starvation guard), so large jobs are slowed,
-never starved; a job that reports no progress is valued by its attained service instead (Tiresias' least
-attained service: a job that has run long is expected to run long). The restart penalty is the restart
-time over the lesser of the horizon and the job's remaining time at its current size, so a job about to
-finish is not resized. It is the default because it had the lowest average JCT of the objectives
-measured (the verdict below is computed from this generation's table, not written by hand).
+`completion` values job j on k GPUs at `weight x rank_j x goodput speedup_j(k)`, rank_j the number of
+optimised jobs expected to finish no earlier than j (by remaining time from the work it reports; by
+attained service when it reports none): in a shortest-remaining-first schedule a delay of j delays all
+of them (heSRPT's rank weighting, a sum of per-job terms, so the DP is exact). Admission is `joint`:
+a pending job starts when its GPUs are worth more to it than to the running jobs (short jobs first),
+except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
+wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps only
+`1 - 8 x restart_s / life` of the new size's value, `life` the least of the horizon, the time the job
+still needs at its current size and the time it has held its current size (what the last size lasted
+is the best guess of what the next will; a job just resized, or about to finish, stays as it is). The
+rows above measure each of these against an alternative; the verdict below is computed from this
+generation's table, not written by hand.
 """
 
 SAMPLES_NOTE = """
