@@ -17,12 +17,13 @@ Admission (the first two objectives, lexicographic, before any optimisation):
    allowed count, and the optimiser (step 3) decides; starving pending jobs (``wait_s >=
    starvation_s``) are still admitted first, as in 2.
 
-3. What remains is maximised: the value of job j on k GPUs is ``weight_j * T_j(k, b*(k)) / T_j(ref)``
-   with ``ref`` its smallest allowed count (so every admitted job is worth about its weight at its
-   minimum); for a running job, any count other than its current one is multiplied by
-   ``1 - restart_s / horizon_s`` (the horizon fraction lost to checkpoint + requeue + restart).
-   Keeping the current count (and batch) costs nothing; re-batching on the same count pays the
-   restart too.
+3. What remains is maximised: the value of job j on k GPUs is ``scale_j * T_j(k, b*(k)) / T_j(ref)``
+   with ``ref`` its smallest allowed count, ``scale_j`` its weight (times its SRPT rank under the
+   ``completion`` objective, :func:`_scale`); for a running job, any count other than its current
+   one is multiplied by ``1 - share``, the share of the new size's expected life a restart costs
+   (:func:`_restart_share`: restart_s / min(horizon, remaining time), times a margin, over the time
+   it has held its size with ``tenure``). Keeping the current count (and batch) costs nothing;
+   re-batching on the same count pays the restart too.
 """
 
 from __future__ import annotations
@@ -300,7 +301,8 @@ def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, t
     to [0, 1] (1: the rescale never pays). ``life`` is the least of the planning horizon, the time the
     job still needs at its current size (a job about to finish is not resized) and, with ``tenure``,
     the time it has held its current size (what the last size lasted is the best guess of what the
-    next one will: a job whose size keeps changing must gain more before it changes again)."""
+    next one will: a job whose size keeps changing must gain more before it changes again). ``backoff``:
+    the margin grows by that share per rescale the job has had (``JobRequest.rescales``)."""
     r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
     h = problem.horizon_s
     if req.remaining_samples is not None and cur_value:

@@ -20,12 +20,13 @@ from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 class DPPolicy(Policy):
     """Exact DP over (GPU count, batch) per job.
 
-    ``admission``: ``"priority"`` (default; pending jobs get their minimum in priority order before
-    optimising) or ``"joint"`` (the optimiser decides which pending jobs start). ``starvation_s``:
-    a pending job blocked this long stops later jobs from passing it. ``objective``:
+    ``admission``: ``"joint"`` (default; the optimiser decides which pending jobs start: short jobs
+    first under ``completion``) or ``"priority"`` (pending jobs get their minimum in priority order
+    before optimising). ``starvation_s``: a pending job blocked this long is admitted first and stops
+    later jobs from passing it. ``objective``:
 
-    * ``"completion"`` (default): goodput tables, each choice valued by the rate at which it does the
-      job's remaining work (see :func:`~slurm_elastic.policies._candidates.choice_values`);
+    * ``"completion"`` (default): goodput tables, each job's speedup weighted by its SRPT rank (the
+      number of jobs expected to finish no earlier; see :func:`~slurm_elastic.policies._candidates._scale`);
     * ``"goodput"``: total weighted goodput speedup (throughput x statistical efficiency);
     * ``"pnorm"``: Pollux's p-norm (p = -1) of goodput speedups;
     * ``"throughput"``: the paper's total weighted speedup of samples/s (no statistical efficiency).
@@ -34,10 +35,11 @@ class DPPolicy(Policy):
     efficiency (``profiles.goodput.efficiency_for_request``). The default was chosen by measurement:
     docs/EVALUATION.md.
 
-    Stability: a rescale must pay for itself ``restart_margin`` times over the new size's expected life
-    (the least of the horizon, the job's remaining time and, with ``tenure``, how long it has held its
-    current size): a job that was just resized, or is about to finish, is left as it is unless the
-    gain is large (:func:`~slurm_elastic.policies._candidates._restart_share`).
+    Stability: a rescale must pay for itself ``restart_margin x (1 + backoff x rescales so far)`` times
+    over the new size's expected life (the least of the horizon, the job's remaining time and, with
+    ``tenure``, how long it has held its current size): a job that was just resized, is about to
+    finish or keeps being resized is left as it is unless the gain is large
+    (:func:`~slurm_elastic.policies._candidates._restart_share`). Defaults chosen by measurement.
     """
 
     name = "dp"

@@ -1,7 +1,7 @@
 """Regenerate docs/EVALUATION.md: the policies side by side on the Pollux workloads, measured.
 
     python -m slurm_elastic.sim.evaluate [--jobs 2] [--deadline-min 40] [--cache DIR]
-        [--policies dp,pollux-dp] [--sets workloads] [--workloads 1,3]   # a subset, the rest from the cache
+        [--policy dp --policy pollux-dp] [--sets workloads] [--workloads 1,3]   # a subset; the rest: cache
 
 Every run goes through ``Simulation`` -> ``enact.run_cycle`` -> ``policies.get_policy(name)`` ->
 ``planner.plan`` -> ``SimulatedSlurm``: the daemon's code path. The Pollux workloads are read from
@@ -122,12 +122,13 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-min", type=float, default=120.0)
     ap.add_argument("--cache", default=None, help="folder of cached run results (JSON), reused when present")
     ap.add_argument("--write-only", action="store_true", help="write the document from the cache, run nothing")
-    ap.add_argument("--policies", default=None,
-                    help="comma-separated policy specs to run (e.g. dp,pollux-dp); others come from the cache only")
+    ap.add_argument("--policy", action="append", default=None,
+                    help="a policy spec to run (repeatable, e.g. --policy dp --policy dp:admission=priority); "
+                         "the others come from the cache only")
     ap.add_argument("--sets", default=None, help="comma-separated workload folders to run (default: all)")
     ap.add_argument("--workloads", default=None, help="comma-separated workload numbers to run (default: 1-5)")
     args = ap.parse_args(argv)
-    only = set(args.policies.split(",")) if args.policies else None
+    only = set(args.policy) if args.policy else None
     sets = set(args.sets.split(",")) if args.sets else None
     nums = {int(x) for x in args.workloads.split(",")} if args.workloads else None
     cache = Path(args.cache) if args.cache else None

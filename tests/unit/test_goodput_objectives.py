@@ -153,3 +153,20 @@ def test_restart_share_is_margin_times_restart_over_the_least_life():
     assert _restart_share(r, prob, 0.001, 200.0) == 1.0  # clipped: never pays
     with pytest.raises(ValueError, match="restart_margin"):
         get_policy("dp", restart_margin=-1)
+
+
+def test_backoff_each_rescale_raises_the_bar_for_the_next():
+    from slurm_elastic.policies._candidates import _restart_share
+
+    s = spec(restart_s=30.0)
+    prob = AllocationProblem(4, 4, (), horizon_s=3600.0)
+    fresh = job(0, s, running=1, batch=64, held_s=1200.0)
+    churned = job(0, s, running=1, batch=64, held_s=1200.0, rescales=4)
+    assert _restart_share(fresh, prob, None, 8.0, True, 0.5) == pytest.approx(8 * 30 / 1200)
+    assert _restart_share(churned, prob, None, 8.0, True, 0.5) == pytest.approx(3 * 8 * 30 / 1200)
+    # a gain that pays for a first rescale does not pay for the third
+    pol = get_policy("dp", restart_margin=8.0, backoff=0.5)
+    assert pol.allocate(_grow_case(held_s=3000.0)).jobs[0].gpus > 1
+    assert pol.allocate(_grow_case(held_s=3000.0, rescales=2)).jobs[0].gpus == 1
+    with pytest.raises(ValueError, match="backoff"):
+        get_policy("dp", backoff=-0.1)
