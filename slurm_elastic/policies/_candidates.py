@@ -245,10 +245,10 @@ def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray) -> np.ndarra
     """Per-job factor of the value: the weight, and for ``completion`` the job's SRPT rank.
 
     The rank of a job is the number of optimised jobs expected to finish no earlier than it (itself
-    included; by remaining time, ties in queue order): in a shortest-remaining-first schedule a delay
-    of that job delays every one of them, so a second of its progress is worth that many seconds of
-    total completion time (heSRPT's rank weighting; Berg et al., 2020). Shortest job: rank n;
-    longest: 1."""
+    included; by remaining time; of equal ones the later in queue order ranks higher): in a
+    shortest-remaining-first schedule a delay of that job delays every one of them, so a second of its
+    progress is worth that many seconds of total completion time (heSRPT's rank weighting; Berg et
+    al., 2020). Shortest job: rank n; longest: 1."""
     if objective == "completion" and remaining_s.size:
         order = np.argsort(-remaining_s, kind="stable")
         rank = np.empty(remaining_s.size)

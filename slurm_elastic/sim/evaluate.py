@@ -40,7 +40,7 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:objective=pnorm", "dp, objective pnorm (p = -1, speedup over minimum)"),
             ("dp:noprogress", "dp (completion) when jobs report no progress (attained service instead)"),
             ("dp:admission=priority", "dp, priority admission (every pending job whose minimum fits starts)"),
-            ("dp:restart_margin=1,tenure=0", "dp, rescale stability off (restart over min(horizon, remaining))"))
+            ("dp:restart_margin=1,tenure=0,backoff=0", "dp, rescale stability off (restart over min(horizon, remaining))"))
 
 
 def _policy(spec: str):
