@@ -15,7 +15,8 @@ Admission (the first two objectives, lexicographic, before any optimisation):
    starvation threshold plus the time for enough GPUs to drain.
    With ``admission="joint"`` pending jobs are not admitted up front: each may get 0 GPUs or any
    allowed count, and the optimiser (step 3) decides; starving pending jobs (``wait_s >=
-   starvation_s``) are still admitted first, as in 2.
+   starvation_s``) are still admitted first, as in 2. ``admission="auto"``: as ``priority`` while
+   every pending job's minimum fits, as ``joint`` when they do not.
 
 3. What remains is maximised: the value of job j on k GPUs is ``scale_j * T_j(k, b*(k)) / T_j(ref)``
    with ``ref`` its smallest allowed count, ``scale_j`` its weight (times its SRPT rank under the
@@ -96,8 +97,8 @@ def make_candidates(
     choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
     (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum.
     ``restart_margin``, ``tenure``: how a rescale must pay for itself (:func:`_restart_share`)."""
-    if admission not in ("priority", "joint"):
-        raise ValueError(f"admission must be 'priority' or 'joint', not {admission!r}")
+    if admission not in ADMISSIONS:
+        raise ValueError(f"admission must be one of {ADMISSIONS}, not {admission!r}")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, not {objective!r}")
     jobs = problem.jobs
@@ -139,6 +140,9 @@ def make_candidates(
                 free -= need
             else:
                 reasons[j] = f"stopped: running minimums exceed the {problem.total_gpus} GPUs available"
+    if admission == "auto":  # joint only when the pending minimums do not all fit: then the value decides
+        pending_need = sum(mins[j] for j in range(n) if running[j] <= 0)
+        joint = pending_need > free
     holder = None
     for j in range(n):
         is_running = running[j] > 0
@@ -239,6 +243,7 @@ def make_candidates(
 
 
 OBJECTIVES = ("speedup", "pnorm", "completion")
+ADMISSIONS = ("priority", "joint", "auto")
 
 
 def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray) -> np.ndarray:

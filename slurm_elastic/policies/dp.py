@@ -21,8 +21,8 @@ class DPPolicy(Policy):
     """Exact DP over (GPU count, batch) per job.
 
     ``admission``: ``"joint"`` (default; the optimiser decides which pending jobs start: short jobs
-    first under ``completion``) or ``"priority"`` (pending jobs get their minimum in priority order
-    before optimising). ``starvation_s``: a pending job blocked this long is admitted first and stops
+    first under ``completion``), ``"priority"`` (pending jobs get their minimum in priority order
+    before optimising) or ``"auto"`` (priority while every pending minimum fits, else joint). ``starvation_s``: a pending job blocked this long is admitted first and stops
     later jobs from passing it. ``objective``:
 
     * ``"completion"`` (default): goodput tables, each job's speedup weighted by its SRPT rank (the

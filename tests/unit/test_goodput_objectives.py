@@ -170,3 +170,19 @@ def test_backoff_each_rescale_raises_the_bar_for_the_next():
     assert pol.allocate(_grow_case(held_s=3000.0, rescales=2)).jobs[0].gpus == 1
     with pytest.raises(ValueError, match="backoff"):
         get_policy("dp", backoff=-0.1)
+
+
+def test_auto_admission_is_priority_while_pending_minimums_fit_and_joint_when_they_do_not():
+    from slurm_elastic.policies._candidates import ADMITTED, OPTIONAL
+
+    s2 = spec(min_gpus=2, max_gpus=4, batch=64)
+    a = job(0, spec(batch=64), running=8, batch=64, held_s=10.0)
+    fits = AllocationProblem(8, 4, (a, job(1, s2), job(2, s2)))
+    cand = make_candidates(fits, admission="auto")
+    assert cand.status == [ADMITTED, ADMITTED, ADMITTED]  # 1 + 2 + 2 <= 8: everyone starts
+    alloc = get_policy("dp", admission="auto").allocate(fits)
+    assert alloc.jobs[1].gpus >= 2 and alloc.jobs[2].gpus >= 2 and alloc.jobs[0].gpus <= 4
+    full = AllocationProblem(4, 4, (job(0, spec(batch=64), running=4, batch=64), job(1, s2), job(2, s2)))
+    assert make_candidates(full, admission="auto").status == [ADMITTED, OPTIONAL, OPTIONAL]
+    with pytest.raises(ValueError, match="admission"):
+        make_candidates(full, admission="fifo")
