@@ -245,8 +245,12 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
         book = books.get(view.job_id)
         since = None if book is None or book.last_change_s is None else now - book.last_change_s
         cooling = view.status == pl.RUNNING and since is not None and since < config.cooldown_s
+        n = book.rescales if book is not None else 0
         if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
-            jobs[i] = replace(req, frozen=True)
+            jobs[i] = replace(req, frozen=True, held_s=since, rescales=n)
+            changed = True
+        elif since is not None or n:
+            jobs[i] = replace(req, held_s=since, rescales=n)
             changed = True
     if not changed:
         return snap

@@ -15,14 +15,16 @@ Admission (the first two objectives, lexicographic, before any optimisation):
    starvation threshold plus the time for enough GPUs to drain.
    With ``admission="joint"`` pending jobs are not admitted up front: each may get 0 GPUs or any
    allowed count, and the optimiser (step 3) decides; starving pending jobs (``wait_s >=
-   starvation_s``) are still admitted first, as in 2.
+   starvation_s``) are still admitted first, as in 2. ``admission="auto"``: as ``priority`` while
+   every pending job's minimum fits, as ``joint`` when they do not.
 
-3. What remains is maximised: the value of job j on k GPUs is ``weight_j * T_j(k, b*(k)) / T_j(ref)``
-   with ``ref`` its smallest allowed count (so every admitted job is worth about its weight at its
-   minimum); for a running job, any count other than its current one is multiplied by
-   ``1 - restart_s / horizon_s`` (the horizon fraction lost to checkpoint + requeue + restart).
-   Keeping the current count (and batch) costs nothing; re-batching on the same count pays the
-   restart too.
+3. What remains is maximised: the value of job j on k GPUs is ``scale_j * T_j(k, b*(k)) / T_j(ref)``
+   with ``ref`` its smallest allowed count, ``scale_j`` its weight (times its SRPT rank under the
+   ``completion`` objective, :func:`_scale`); for a running job, any count other than its current
+   one is multiplied by ``1 - share``, the share of the new size's expected life a restart costs
+   (:func:`_restart_share`: restart_s / min(horizon, remaining time), times a margin, over the time
+   it has held its size with ``tenure``). Keeping the current count (and batch) costs nothing;
+   re-batching on the same count pays the restart too.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Candidates:
     cols: np.ndarray  # (7, n) per flat choice: counts, nodes, batch, local, accum, sps, value (0 = no GPUs)
     keep: np.ndarray  # per flat choice: keeps the running count and batch (no restart)
     current: dict[int, float | None]  # current samples/s of running jobs
+    factor: np.ndarray | None = None  # per optimised job: the value kept by a rescale (1 - restart share)
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -85,13 +88,17 @@ def make_candidates(
     objective: str = "speedup",
     p: float = -1.0,
     fair_ref: bool = False,
+    restart_margin: float = 1.0,
+    tenure: bool = False,
+    backoff: float = 0.0,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
     choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
-    (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum."""
-    if admission not in ("priority", "joint"):
-        raise ValueError(f"admission must be 'priority' or 'joint', not {admission!r}")
+    (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum.
+    ``restart_margin``, ``tenure``: how a rescale must pay for itself (:func:`_restart_share`)."""
+    if admission not in ADMISSIONS:
+        raise ValueError(f"admission must be one of {ADMISSIONS}, not {admission!r}")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, not {objective!r}")
     jobs = problem.jobs
@@ -133,6 +140,9 @@ def make_candidates(
                 free -= need
             else:
                 reasons[j] = f"stopped: running minimums exceed the {problem.total_gpus} GPUs available"
+    if admission == "auto":  # joint only when the pending minimums do not all fit: then the value decides
+        pending_need = sum(mins[j] for j in range(n) if running[j] <= 0)
+        joint = pending_need > free
     holder = None
     for j in range(n):
         is_running = running[j] > 0
@@ -193,13 +203,13 @@ def make_candidates(
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
     remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
-    factor = np.array([1.0 - _restart_share(jobs[j], problem, cur_rate.get(j)) if running[j] > 0 else 1.0
-                       for j in dp_list])
+    factor = np.array([1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff)
+                       if running[j] > 0 else 1.0 for j in dp_list])
     r_rep = np.repeat(run_a, lens_a)
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
     speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
-    scale = np.repeat(_scale(objective, wt, remaining, problem.horizon_s), lens_a)
+    scale = np.repeat(_scale(objective, wt, remaining), lens_a)
     values = choice_values(objective, speedup * pen, scale, counts > 0, p)
     weights = np.where(counts > 0, counts - np.repeat(np.array(base, dtype=np.int64), lens_a), 0)
     keep = np.zeros(values.size, dtype=bool)
@@ -229,16 +239,26 @@ def make_candidates(
         if running[j] > 0 and j not in current:
             current[j] = current_samples_per_s(jobs[j], ns)
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
-                      current)
+                      current, factor)
 
 
 OBJECTIVES = ("speedup", "pnorm", "completion")
+ADMISSIONS = ("priority", "joint", "auto")
 
 
-def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray, horizon_s: float) -> np.ndarray:
-    """Per-job factor of the value: the weight, and for ``completion`` horizon / remaining time."""
-    if objective == "completion":
-        return wt * (max(horizon_s, 1.0) / np.maximum(remaining_s, 1.0))
+def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray) -> np.ndarray:
+    """Per-job factor of the value: the weight, and for ``completion`` the job's SRPT rank.
+
+    The rank of a job is the number of optimised jobs expected to finish no earlier than it (itself
+    included; by remaining time; of equal ones the later in queue order ranks higher): in a
+    shortest-remaining-first schedule a delay of that job delays every one of them, so a second of its
+    progress is worth that many seconds of total completion time (heSRPT's rank weighting; Berg et
+    al., 2020). Shortest job: rank n; longest: 1."""
+    if objective == "completion" and remaining_s.size:
+        order = np.argsort(-remaining_s, kind="stable")
+        rank = np.empty(remaining_s.size)
+        rank[order] = np.arange(1, remaining_s.size + 1)
+        return wt * rank
     return wt
 
 
@@ -280,16 +300,24 @@ def _remaining_s(req, ref_value: float, horizon_s: float) -> float:
     return max(horizon_s, req.attained_gpu_s / kmin)
 
 
-def _restart_share(req, problem, cur_value: float | None) -> float:
-    """Share of what is left of the planning horizon a rescale costs: restart_s / min(horizon, time the
-    job still needs at its current size), clipped to [0, 1]: a job about to finish is not resized."""
+def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, tenure: bool = False,
+                   backoff: float = 0.0) -> float:
+    """Share of a new size's expected life that a rescale costs: ``margin x restart_s / life``, clipped
+    to [0, 1] (1: the rescale never pays). ``life`` is the least of the planning horizon, the time the
+    job still needs at its current size (a job about to finish is not resized) and, with ``tenure``,
+    the time it has held its current size (what the last size lasted is the best guess of what the
+    next one will: a job whose size keeps changing must gain more before it changes again). ``backoff``:
+    the margin grows by that share per rescale the job has had (``JobRequest.rescales``)."""
     r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
     h = problem.horizon_s
     if req.remaining_samples is not None and cur_value:
         h = min(h, float(req.remaining_samples) / cur_value)
+    if tenure and req.held_s is not None:
+        h = min(h, float(req.held_s))
     if h <= 0:
         return 1.0
-    return min(1.0, max(0.0, float(r) / h))
+    margin *= 1.0 + backoff * max(0, int(req.rescales))
+    return min(1.0, max(0.0, margin * float(r) / h))
 
 
 def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, solve_s: float) -> Allocation:
@@ -348,7 +376,7 @@ def _better_elsewhere(plan: Candidates, p: int, c: int, spare: int) -> bool:
     """Would a reachable other count of this kept job be better but for the restart cost?"""
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
     req = plan.problem.jobs[int(plan.dp_jobs[p])]
-    f = 1.0 - restart_fraction(req, plan.problem)
+    f = float(plan.factor[p]) if plan.factor is not None else 1.0 - restart_fraction(req, plan.problem)
     if f <= 0:
         return True
     w = plan.weights[lo:hi]

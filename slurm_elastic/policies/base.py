@@ -34,6 +34,10 @@ class JobRequest:
     remaining_samples: float | None = None  # work left, in samples at base_batch (None: not reported)
     # A running job the planner will not resize this cycle (rescale cooldown): policies keep its count.
     frozen: bool = False
+    # How long a running job has held its current size (since its last start or resize; None: unknown).
+    # The expected life of its next size: a rescale must pay for itself over it (policies/_candidates).
+    held_s: float | None = None
+    rescales: int = 0  # rescales it has had (the planner's books): each must pay for itself more
     nodes: tuple[str, ...] = ()  # nodes it holds now (running), for placement-aware policies
     gpus_per_node: int = 0
     # Pools it may run in (issue 13): names of ``AllocationProblem.pools``; () = every pool. A running

@@ -20,12 +20,13 @@ from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 class DPPolicy(Policy):
     """Exact DP over (GPU count, batch) per job.
 
-    ``admission``: ``"priority"`` (default; pending jobs get their minimum in priority order before
-    optimising) or ``"joint"`` (the optimiser decides which pending jobs start). ``starvation_s``:
-    a pending job blocked this long stops later jobs from passing it. ``objective``:
+    ``admission``: ``"joint"`` (default; the optimiser decides which pending jobs start: short jobs
+    first under ``completion``), ``"priority"`` (pending jobs get their minimum in priority order
+    before optimising) or ``"auto"`` (priority while every pending minimum fits, else joint). ``starvation_s``: a pending job blocked this long is admitted first and stops
+    later jobs from passing it. ``objective``:
 
-    * ``"completion"`` (default): goodput tables, each choice valued by the rate at which it does the
-      job's remaining work (see :func:`~slurm_elastic.policies._candidates.choice_values`);
+    * ``"completion"`` (default): goodput tables, each job's speedup weighted by its SRPT rank (the
+      number of jobs expected to finish no earlier; see :func:`~slurm_elastic.policies._candidates._scale`);
     * ``"goodput"``: total weighted goodput speedup (throughput x statistical efficiency);
     * ``"pnorm"``: Pollux's p-norm (p = -1) of goodput speedups;
     * ``"throughput"``: the paper's total weighted speedup of samples/s (no statistical efficiency).
@@ -33,16 +34,34 @@ class DPPolicy(Policy):
     Goodput uses each job's reported noise scale, else its app's measured table, else a conservative
     efficiency (``profiles.goodput.efficiency_for_request``). The default was chosen by measurement:
     docs/EVALUATION.md.
+
+    Stability: a rescale must pay for itself ``restart_margin x (1 + backoff x rescales so far)`` times
+    over the new size's expected life (the least of the horizon, the job's remaining time and, with
+    ``tenure``, how long it has held its current size): a job that was just resized, is about to
+    finish or keeps being resized is left as it is unless the gain is large
+    (:func:`~slurm_elastic.policies._candidates._restart_share`). Defaults chosen by measurement.
     """
 
     name = "dp"
     OBJECTIVES = {"completion": ("completion", True), "goodput": ("speedup", True), "pnorm": ("pnorm", True),
                   "throughput": ("speedup", False)}
 
-    def __init__(self, admission: str = "priority", starvation_s: float = 3600.0, objective: str = "completion",
-                 placement: bool = True):
+    def __init__(self, admission: str = "joint", starvation_s: float = 3600.0, objective: str = "completion",
+                 placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
+                 backoff: float = 0.15):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
+        self.restart_margin = float(restart_margin)
+        if not self.restart_margin >= 0 or self.restart_margin == float("inf"):
+            raise ValueError(f"restart_margin must be a finite number >= 0, not {restart_margin!r}")
+        if isinstance(tenure, str):  # from a command line "dp:tenure=0"
+            if tenure.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise ValueError(f"tenure must be a boolean, not {tenure!r}")
+            tenure = tenure.lower() in ("1", "true", "yes")
+        self.tenure = bool(tenure)
+        self.backoff = float(backoff)
+        if not 0 <= self.backoff < float("inf"):
+            raise ValueError(f"backoff must be a finite number >= 0, not {backoff!r}")
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
@@ -55,7 +74,8 @@ class DPPolicy(Policy):
         if goodput:
             from slurm_elastic.profiles.goodput import efficiency_for_request as eff
         return make_candidates(problem, fixed_batch=False, admission=self.admission,
-                               starvation_s=self.starvation_s, efficiency=eff, objective=value)
+                               starvation_s=self.starvation_s, efficiency=eff, objective=value,
+                               restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         if len(problem.pools) > 1:  # several pools (issue 13): policies/_multipool.py

@@ -1,6 +1,7 @@
 """Regenerate docs/EVALUATION.md: the policies side by side on the Pollux workloads, measured.
 
     python -m slurm_elastic.sim.evaluate [--jobs 2] [--deadline-min 40] [--cache DIR]
+        [--policy dp --policy pollux-dp] [--sets workloads] [--workloads 1,3]   # a subset; the rest: cache
 
 Every run goes through ``Simulation`` -> ``enact.run_cycle`` -> ``policies.get_policy(name)`` ->
 ``planner.plan`` -> ``SimulatedSlurm``: the daemon's code path. The Pollux workloads are read from
@@ -37,7 +38,9 @@ POLLUX_PUBLISHED = {"workloads": (0.580, 0.923, 0.608, 0.756, 0.743),
 PEERS = ("dp", "pollux-dp", "fixed-batch", "tiresias", "static")
 VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput speedups)"),
             ("dp:objective=pnorm", "dp, objective pnorm (p = -1, speedup over minimum)"),
-            ("dp:noprogress", "dp (completion) when jobs report no progress (attained service instead)"))
+            ("dp:noprogress", "dp (completion) when jobs report no progress (attained service instead)"),
+            ("dp:admission=priority", "dp, priority admission (every pending job whose minimum fits starts)"),
+            ("dp:restart_margin=1,tenure=0,backoff=0", "dp, rescale stability off (restart over min(horizon, remaining))"))
 
 
 def _policy(spec: str):
@@ -119,7 +122,15 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-min", type=float, default=120.0)
     ap.add_argument("--cache", default=None, help="folder of cached run results (JSON), reused when present")
     ap.add_argument("--write-only", action="store_true", help="write the document from the cache, run nothing")
+    ap.add_argument("--policy", action="append", default=None,
+                    help="a policy spec to run (repeatable, e.g. --policy dp --policy dp:admission=priority); "
+                         "the others come from the cache only")
+    ap.add_argument("--sets", default=None, help="comma-separated workload folders to run (default: all)")
+    ap.add_argument("--workloads", default=None, help="comma-separated workload numbers to run (default: 1-5)")
     args = ap.parse_args(argv)
+    only = set(args.policy) if args.policy else None
+    sets = set(args.sets.split(",")) if args.sets else None
+    nums = {int(x) for x in args.workloads.split(",")} if args.workloads else None
     cache = Path(args.cache) if args.cache else None
     if cache:
         cache.mkdir(parents=True, exist_ok=True)
@@ -129,7 +140,8 @@ def main(argv=None) -> int:
         f = cache / ("_".join(map(str, t[:4])).replace(":", "-").replace("=", "-").replace(",", "-") + ".json") if cache else None
         if f is not None and f.exists():
             results[t[:4]] = json.loads(f.read_text())
-        elif not args.write_only:
+        elif not args.write_only and (only is None or t[1] in only) and (sets is None or t[2] in sets) \
+                and (nums is None or t[3] in nums):
             todo.append((t, f))
     t0 = time.perf_counter()
     deadline = t0 + args.deadline_min * 60
@@ -163,14 +175,14 @@ def _mean(xs):
 
 
 def _objective_verdict(R: dict) -> str:
-    """Which measured objective is best on each figure (only objectives with all 5 workloads run)."""
+    """Which measured variant is best on each figure (only variants with all 5 workloads run)."""
     cands = {"completion (default)": "dp", **{label.split(",")[1].strip() if "," in label else label: spec
                                              for spec, label in VARIANTS}}
     full = {lab: [R[("goodput", sp, "workloads", n)] for n in range(1, 6)] for lab, sp in cands.items()
             if all(("goodput", sp, "workloads", n) in R for n in range(1, 6))}
     if len(full) < 2:
-        return "Not every objective finished its runs in this generation; no comparison is drawn.\n"
-    lines = ["Best per figure among the objectives measured (means over workloads/ 1-5; lower is better):"]
+        return "Not every variant finished its runs in this generation; no comparison is drawn.\n"
+    lines = ["Best per figure among the variants measured (means over workloads/ 1-5; lower is better):"]
     for key, what in (("avg_jct_s", "average JCT"), ("median_jct_s", "median JCT"), ("p95_jct_s", "p95 JCT"),
                       ("makespan_s", "makespan"), ("ftf_p95", "finish-time fairness p95"),
                       ("rescales_per_job", "rescales per job")):
@@ -190,21 +202,29 @@ def document(R: dict, minutes: float) -> str:
         for n in range(1, 6):
             d = R.get(("goodput", "dp", folder, n))
             fb = R.get(("goodput", "fixed-batch", folder, n))
+            px = R.get(("goodput", "pollux-dp", folder, n))
             rows.append([f"{folder}/workload-{n}", f"{pub[n - 1]:.3f}", h(d and d["avg_jct_s"]),
                          "yes" if d and d["avg_jct_s"] / 3600 <= pub[n - 1] else ("no" if d else "-"),
                          h(fb and fb["avg_jct_s"]),
                          f"{d['avg_jct_s'] / fb['avg_jct_s']:.2f}" if d and fb else "-",
                          f"{d['placed_over_planned']:.3f}" if d else "-",
-                         f"{d['rescales_per_job']:.2f}" if d else "-"])
+                         f"{d['rescales_per_job']:.2f}" if d else "-",
+                         f"{px['rescales_per_job']:.2f}" if px else "-"])
         ds = [R.get(("goodput", "dp", folder, n)) for n in range(1, 6)]
+        fbs = [R.get(("goodput", "fixed-batch", folder, n)) for n in range(1, 6)]
+        pxs = [R.get(("goodput", "pollux-dp", folder, n)) for n in range(1, 6)]
         if all(ds):
             mean = sum(x["avg_jct_s"] for x in ds) / 5 / 3600
+            fbm = sum(x["avg_jct_s"] for x in fbs) / 5 / 3600 if all(fbs) else None
             rows.append([f"**{folder} mean**", f"{sum(pub) / 5:.3f}", f"{mean:.3f}",
-                         f"{100 * (1 - mean / (sum(pub) / 5)):+.1f}% vs Pollux", "", "", "", ""])
+                         f"{100 * (1 - mean / (sum(pub) / 5)):+.1f}% vs Pollux", f"{fbm:.2f}" if fbm else "",
+                         f"{mean / fbm:.2f}" if fbm else "", "",
+                         f"{_mean([x['rescales_per_job'] for x in ds]):.2f}",
+                         f"{_mean([x['rescales_per_job'] for x in pxs]):.2f}" if all(pxs) else ""])
     out.append("## 1. The default policy against Pollux's published figures\n")
     out.append(report.markdown_table(["workload", "Pollux (published) avg JCT h", "dp avg JCT h", "dp <= Pollux",
                                       "fixed-batch avg JCT h", "dp / fixed-batch", "dp placed / planned",
-                                      "dp rescales per job"], rows))
+                                      "dp rescales per job", "pollux-dp rescales per job"], rows))
     out.append(HEADLINE_NOTE)
     # peers side by side
     out.append("## 2. Peers side by side (goodput work model, 30 s per re-allocation)\n")
@@ -232,7 +252,7 @@ def document(R: dict, minutes: float) -> str:
         out.append("")
     out.append(PEERS_NOTE)
     # objective choice
-    out.append("## 3. Choosing the default objective (workloads/ 1-5, goodput work model)\n")
+    out.append("## 3. Choosing the default: objective, admission, stability (workloads/ 1-5, goodput work model)\n")
     rows = []
     for spec, label in (("dp", "dp, objective completion (default)"),) + VARIANTS:
         ms = [R.get(("goodput", spec, "workloads", n)) for n in range(1, 6)]
@@ -264,8 +284,9 @@ def document(R: dict, minutes: float) -> str:
 
 HEADER = """# Evaluation: the default policy, its peers, and Pollux's published figures
 
-Generated by `python -m slurm_elastic.sim.evaluate` ({minutes:.0f} minutes of runs on this machine: {cpus} CPUs,
-Python {py}); do not edit by hand. Every number comes from the simulator driving the daemon's own code path
+Generated by `python -m slurm_elastic.sim.evaluate` ({minutes:.0f} minutes of runs in the last invocation, the
+others read from its cache of earlier runs of the same code; this machine: {cpus} CPUs, Python {py}); do not
+edit by hand. Every number comes from the simulator driving the daemon's own code path
 (`Simulation` -> `enact.run_cycle` -> `problem.build_problem` -> `policies.get_policy(name).allocate` ->
 `planner.plan` -> `Enactor` -> `backends.simulated.SimulatedSlurm`).
 
@@ -292,7 +313,8 @@ same program.
 
 PEERS_NOTE = """
 - `dp`: goodput tables (throughput x efficiency from the job's reported noise scale, else its app's
-  measured table, else a conservative efficiency), objective `completion` (below), exact knapsack,
+  measured table, else a conservative efficiency), objective `completion` (below), joint admission,
+  a rescale only when it pays for itself 8 times over its expected life (below), exact knapsack,
   re-solved until the allocation places on the nodes (`policies/_placement.py`).
 - `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, restart
   penalty -- solved exactly by the same DP and placement re-solve (not Pollux's genetic algorithm).
@@ -302,14 +324,18 @@ PEERS_NOTE = """
 """
 
 OBJECTIVE_NOTE = """
-`completion` values a choice at `weight x goodput speedup x horizon / remaining time`: the rate at which the
-job's remaining work gets done (heSRPT-like; a sum of per-job terms, so the DP is exact). Every admitted
-job keeps its minimum (admission in priority order, with the starvation guard), so large jobs are slowed,
-never starved; a job that reports no progress is valued by its attained service instead (Tiresias' least
-attained service: a job that has run long is expected to run long). The restart penalty is the restart
-time over the lesser of the horizon and the job's remaining time at its current size, so a job about to
-finish is not resized. It is the default because it had the lowest average JCT of the objectives
-measured (the verdict below is computed from this generation's table, not written by hand).
+`completion` values job j on k GPUs at `weight x rank_j x goodput speedup_j(k)`, rank_j the number of
+optimised jobs expected to finish no earlier than j (by remaining time from the work it reports; by
+attained service when it reports none): in a shortest-remaining-first schedule a delay of j delays all
+of them (heSRPT's rank weighting, a sum of per-job terms, so the DP is exact). Admission is `joint`:
+a pending job starts when its GPUs are worth more to it than to the running jobs (short jobs first),
+except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
+wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps only
+`1 - 8 x restart_s / life` of the new size's value, `life` the least of the horizon, the time the job
+still needs at its current size and the time it has held its current size (what the last size lasted
+is the best guess of what the next will; a job just resized, or about to finish, stays as it is). The
+rows above measure each of these against an alternative; the verdict below is computed from this
+generation's table, not written by hand.
 """
 
 SAMPLES_NOTE = """

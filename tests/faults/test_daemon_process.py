@@ -94,7 +94,10 @@ def test_job_that_never_acks_is_left_running_and_not_retried_in_a_tight_loop(slu
         wait_for(lambda: (j := slurm_cluster.backend.get_job(jid)) and j.is_running, 60, "the job to start at 1 GPU")
         time.sleep(2)  # its step (and the trap) is up
         d.stop()
-        write_config(cfg, tmp_path / "state", max_gpus_per_job=4, ack_timeout_s=5, cooldown_s=10)
+        # A cheap restart (0.5 s): dp's rule that a rescale pays for itself 8x over the time the job has
+        # held its size (seconds here) must not be what keeps it from wanting the grow this test is about.
+        write_config(cfg, tmp_path / "state", max_gpus_per_job=4, ack_timeout_s=5, cooldown_s=10,
+                     restart_cost_s=0.5)
         d = DaemonProc.cli(slurm_cluster, cfg, tmp_path / "d1.log")
         t0 = time.monotonic()
         time.sleep(30)

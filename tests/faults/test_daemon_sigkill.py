@@ -53,7 +53,9 @@ def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_pa
         wait_for(lambda: list(first.glob(f"samples.{jid}.s0.r*.txt")), 120, "the job to train at its first size")
         assert daemon.stop() == 0
         assert slurm_cluster.backend.get_job(jid).gpus_total == 2
-        write_config(cfg, state, max_gpus_per_job=4)  # now the daemon wants it at 4
+        # now the daemon wants it at 4 (a cheap restart: dp's rescale margin over the seconds the job has
+        # held its size must not be what delays the resize this test is about)
+        write_config(cfg, state, max_gpus_per_job=4, restart_cost_s=0.5)
         fired = []
         for i, step in enumerate(STEPS, 1):
             marker = tmp_path / f"fault-{step}.json"

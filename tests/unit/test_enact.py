@@ -200,3 +200,22 @@ def test_starts_and_resizes_exclude_nodes_kept_for_a_rigid_job_and_clear_it_afte
     later = (pl.Resize(1, 3, 4, 1, 4, d), pl.Start(4, 3, 1, 3, d))
     out = _exclude_reserved(pl.Plan(actions=later, committed_gpus=0, deferred=0), {}, e)
     assert [a.exclude_nodes for a in out.actions] == [(), None] and e.excluded == {2}
+
+
+def test_freeze_tells_the_policy_how_long_each_running_job_has_held_its_size():
+    from slurm_elastic import planner as pl
+    from slurm_elastic.enact import _freeze
+    from slurm_elastic.policies.base import AllocationProblem, JobRequest
+    from slurm_elastic.problem import Snapshot
+    from slurm_elastic.spec import ElasticSpec
+
+    s = ElasticSpec(1, 8, 32, 1024, 256)
+    reqs = (JobRequest(1, s, None, 2, 64), JobRequest(2, s, None, 2, 64), JobRequest(3, s, None, 0))
+    views = (pl.JobView(1, pl.RUNNING, 2), pl.JobView(2, pl.RUNNING, 2), pl.JobView(3, pl.PENDING))
+    snap = Snapshot(AllocationProblem(8, 4, reqs), views, {}, {}, {}, 8, 8, 0, 4)
+    books = {1: pl.JobBook(last_change_s=1000.0), 2: pl.JobBook(last_change_s=1900.0)}
+    out = _freeze(snap, books, 2000.0, pl.PlannerConfig(cooldown_s=300.0))
+    j1, j2, j3 = out.problem.jobs
+    assert (j1.held_s, j1.frozen) == (1000.0, False)
+    assert (j2.held_s, j2.frozen) == (100.0, True)  # in its cooldown: frozen, and 100 s at its size
+    assert j3.held_s is None  # pending: no size held

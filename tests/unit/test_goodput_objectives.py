@@ -102,3 +102,87 @@ def test_tiresias_least_attained_first_and_rigid():
     assert a.jobs[1].gpus == 4 and a.jobs[0].gpus == 0 and a.jobs[0].reason.startswith("preempted")
     b = get_policy("tiresias").allocate(AllocationProblem(8, 4, jobs))
     assert b.jobs[0].gpus == 4 and b.jobs[1].gpus == 4 and b.jobs[0].batch == 256
+
+
+def test_completion_values_each_job_by_its_srpt_rank():
+    # remaining 1e6 > 1e5 > 1e4 samples: ranks 1, 2, 3 (jobs that finish no earlier, itself included);
+    # at its minimum (speedup 1) a job is worth weight x rank
+    s = spec(batch=64)
+    jobs = (job(0, s, remaining_samples=1e6), job(1, s, remaining_samples=1e4), job(2, s, remaining_samples=1e5))
+    cand = make_candidates(AllocationProblem(16, 4, jobs), efficiency=efficiency_for_request, objective="completion")
+    at_min = [float(cand.values[cand.offsets[p]]) for p in range(3)]
+    assert at_min == pytest.approx([1.0, 3.0, 2.0])
+    a = get_policy("dp").allocate(AllocationProblem(6, 4, jobs))
+    assert a.jobs[1].gpus >= a.jobs[2].gpus >= a.jobs[0].gpus >= 1
+
+
+def _grow_case(**kw):
+    """A job running at 1 GPU, the only job, with 3 more GPUs free: does dp grow it?"""
+    s = spec(max_gpus=4, batch=64, restart_s=30.0)
+    r = job(0, s, running=1, batch=64, remaining_samples=1e6, **kw)
+    return AllocationProblem(4, 4, (r,))
+
+
+def test_restart_margin_keeps_a_job_whose_gain_does_not_pay_for_the_restart():
+    # 30 s restart, 120 s of life: 1 - 30/120 = 0.75 of the gain kept (grows); with margin 8: nothing
+    # kept, never worth it (the job stays and the reason says why)
+    grow = get_policy("dp", restart_margin=1.0).allocate(_grow_case(held_s=120.0))
+    assert grow.jobs[0].gpus > 1
+    kept = get_policy("dp", restart_margin=8.0).allocate(_grow_case(held_s=120.0))
+    assert kept.jobs[0].gpus == 1 and kept.jobs[0].reason == "kept: gain below restart cost"
+
+
+def test_tenure_a_job_just_resized_needs_a_larger_gain():
+    pol = get_policy("dp", restart_margin=8.0)
+    assert pol.allocate(_grow_case(held_s=200.0)).jobs[0].gpus == 1  # 8 x 30 s > 200 s: no
+    assert pol.allocate(_grow_case(held_s=3000.0)).jobs[0].gpus > 1  # has held its size long: yes
+    no_tenure = get_policy("dp", restart_margin=8.0, tenure=False)
+    assert no_tenure.allocate(_grow_case(held_s=200.0)).jobs[0].gpus > 1  # the horizon (1 h) instead
+    assert pol.allocate(_grow_case()).jobs[0].gpus > 1  # held_s unknown: the horizon
+
+
+def test_restart_share_is_margin_times_restart_over_the_least_life():
+    from slurm_elastic.policies._candidates import _restart_share
+
+    s = spec(restart_s=30.0)
+    prob = AllocationProblem(4, 4, (), horizon_s=3600.0)
+    r = job(0, s, running=1, batch=64, remaining_samples=6000.0, held_s=900.0)
+    assert _restart_share(r, prob, 10.0) == pytest.approx(30.0 / 600.0)  # 600 s left at 10 samples/s
+    assert _restart_share(r, prob, 10.0, 2.0, tenure=True) == pytest.approx(60.0 / 600.0)
+    assert _restart_share(r, prob, 1.0, 2.0, tenure=True) == pytest.approx(60.0 / 900.0)  # held 900 < 6000
+    assert _restart_share(r, prob, 0.001, 200.0) == 1.0  # clipped: never pays
+    with pytest.raises(ValueError, match="restart_margin"):
+        get_policy("dp", restart_margin=-1)
+
+
+def test_backoff_each_rescale_raises_the_bar_for_the_next():
+    from slurm_elastic.policies._candidates import _restart_share
+
+    s = spec(restart_s=30.0)
+    prob = AllocationProblem(4, 4, (), horizon_s=3600.0)
+    fresh = job(0, s, running=1, batch=64, held_s=1200.0)
+    churned = job(0, s, running=1, batch=64, held_s=1200.0, rescales=4)
+    assert _restart_share(fresh, prob, None, 8.0, True, 0.5) == pytest.approx(8 * 30 / 1200)
+    assert _restart_share(churned, prob, None, 8.0, True, 0.5) == pytest.approx(3 * 8 * 30 / 1200)
+    # a gain that pays for a first rescale does not pay for the third
+    pol = get_policy("dp", restart_margin=8.0, backoff=0.5)
+    assert pol.allocate(_grow_case(held_s=3000.0)).jobs[0].gpus > 1
+    assert pol.allocate(_grow_case(held_s=3000.0, rescales=2)).jobs[0].gpus == 1
+    with pytest.raises(ValueError, match="backoff"):
+        get_policy("dp", backoff=-0.1)
+
+
+def test_auto_admission_is_priority_while_pending_minimums_fit_and_joint_when_they_do_not():
+    from slurm_elastic.policies._candidates import ADMITTED, OPTIONAL
+
+    s2 = spec(min_gpus=2, max_gpus=4, batch=64)
+    a = job(0, spec(batch=64), running=8, batch=64, held_s=10.0)
+    fits = AllocationProblem(8, 4, (a, job(1, s2), job(2, s2)))
+    cand = make_candidates(fits, admission="auto")
+    assert cand.status == [ADMITTED, ADMITTED, ADMITTED]  # 1 + 2 + 2 <= 8: everyone starts
+    alloc = get_policy("dp", admission="auto").allocate(fits)
+    assert alloc.jobs[1].gpus >= 2 and alloc.jobs[2].gpus >= 2 and alloc.jobs[0].gpus <= 4
+    full = AllocationProblem(4, 4, (job(0, spec(batch=64), running=4, batch=64), job(1, s2), job(2, s2)))
+    assert make_candidates(full, admission="auto").status == [ADMITTED, OPTIONAL, OPTIONAL]
+    with pytest.raises(ValueError, match="admission"):
+        make_candidates(full, admission="fifo")

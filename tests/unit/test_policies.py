@@ -33,8 +33,9 @@ def job(i, s=None, running=0, batch=None, **kw):
 
 def solve(jobs, gpus=16, node_size=4, policy="dp", **kw):
     opts = kw.pop("options", {})
-    if policy == "dp":  # these tests pin the paper's throughput objective; goodput/completion are tested apart
-        opts.setdefault("objective", "throughput")
+    if policy == "dp":  # these tests pin the paper's throughput objective and priority admission;
+        opts.setdefault("objective", "throughput")  # goodput/completion and joint admission are tested apart
+        opts.setdefault("admission", "priority")
     return get_policy(policy, **opts).allocate(AllocationProblem(gpus, node_size, tuple(jobs), **kw))
 
 
