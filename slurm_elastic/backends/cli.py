@@ -29,7 +29,7 @@ from slurm_elastic.backends.base import (
 
 TRANSIENT_ERRORS = re.compile(
     r"Socket timed out|Unable to contact slurm controller|Zero Bytes were transmitted|"
-    r"Connection refused|Resource temporarily unavailable|slurm_receive_msg",
+    r"Connection refused|Resource temporarily unavailable|Interrupted system call|slurm_receive_msg",
     re.IGNORECASE,
 )
 _SIGNAL_RE = re.compile(r"^(SIG)?[A-Z0-9]{1,8}$")

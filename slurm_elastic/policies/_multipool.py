@@ -121,8 +121,9 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         refs[gj, i] = np.asarray(c.refs)[c.dp_jobs] if c.dp_jobs.size else 0.0
         seg.append((gj, lo, hi, counts))
     ref_best = np.where(minc > 0, refs, 0.0).max(axis=1) if P else np.zeros(n)
-    absolute = np.array([objective == "completion" and r.remaining_samples is not None for r in problem.jobs])
-    flat_scale = (absolute | (objective == "pnorm") | (ref_best <= 0))
+    # Every objective's value is a speedup over the job's own reference count in that pool (completion:
+    # weight x SRPT rank x speedup), so a faster type must be scaled in; p-norm values stay per pool.
+    flat_scale = (objective == "pnorm") | (ref_best <= 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(flat_scale[:, None], 1.0, refs / np.where(ref_best > 0, ref_best, 1.0)[:, None])
     scale = {(j, i): float(sc[j, i]) for j in range(n) for i in allowed[j] if minc[j, i] > 0}

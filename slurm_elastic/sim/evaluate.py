@@ -217,7 +217,8 @@ def document(R: dict, minutes: float) -> str:
             mean = sum(x["avg_jct_s"] for x in ds) / 5 / 3600
             fbm = sum(x["avg_jct_s"] for x in fbs) / 5 / 3600 if all(fbs) else None
             rows.append([f"**{folder} mean**", f"{sum(pub) / 5:.3f}", f"{mean:.3f}",
-                         f"{100 * (1 - mean / (sum(pub) / 5)):+.1f}% vs Pollux", f"{fbm:.2f}" if fbm else "",
+                         (f"{100 * (1 - mean / (sum(pub) / 5)):.1f}% below Pollux" if mean <= sum(pub) / 5
+                          else f"{100 * (mean / (sum(pub) / 5) - 1):.1f}% above Pollux"), f"{fbm:.2f}" if fbm else "",
                          f"{mean / fbm:.2f}" if fbm else "", "",
                          f"{_mean([x['rescales_per_job'] for x in ds]):.2f}",
                          f"{_mean([x['rescales_per_job'] for x in pxs]):.2f}" if all(pxs) else ""])
@@ -315,9 +316,9 @@ PEERS_NOTE = """
 - `dp`: goodput tables (throughput x efficiency from the job's reported noise scale, else its app's
   measured table, else a conservative efficiency), objective `completion` (below), joint admission,
   a rescale only when it pays for itself 8 times over its expected life (below), exact knapsack,
-  re-solved until the allocation places on the nodes (`policies/_placement.py`).
+  made placeable on the nodes (replay in the planner's order, one capped re-solve on small problems, repair) (`policies/_placement.py`).
 - `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, restart
-  penalty -- solved exactly by the same DP and placement re-solve (not Pollux's genetic algorithm).
+  penalty -- solved exactly by the same DP and placement (not Pollux's genetic algorithm).
 - `fixed-batch`: elastic GPU count at the requested batch, greedy by marginal gain (the paper's baseline).
 - `tiresias`: 2D-LAS over attained GPU-seconds (two queues, threshold 1 GPU-hour), rigid sizes, preemptive.
 - `static`: FIFO at the requested GPUs and batch, never resized.

@@ -20,6 +20,7 @@ issue-13 section (``--quick`` for a smaller run).
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -115,7 +116,7 @@ def mixed_markdown(doc: dict) -> str:
             f"| {r['delay_over_bound']} of {r['delay_n']} |")
     out.append("")
     out.append(f"Bound on a rigid job's extra wait: one cycle + one rescale = {doc['bound_s']:.0f} s.")
-    return "\n".join(out)
+    return re.sub(r"\bnan\b", "-", "\n".join(out))  # no rigid (or no elastic) jobs in that row
 
 
 GAVEL_FAMILIES = {"resnet18": (16, 256), "resnet50": (16, 128), "transformer": (16, 256), "lm": (5, 80)}

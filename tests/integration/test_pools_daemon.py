@@ -31,7 +31,7 @@ from slurm_elastic.demo import write_daemon_config
 pytestmark = [pytest.mark.slurm]
 
 A100, V100 = {"node1", "node2"}, {"node3", "node4"}
-DRAINED = "node2"
+DRAINED = "node1"
 
 ACKER = """\
 import json, os, signal, time
@@ -91,7 +91,7 @@ def test_daemon_places_in_pools_never_on_a_drained_node_and_lets_a_rigid_job_sta
         res = d.cycle()
         assert res is not None
         pools = {p.name: {n for n, _ in p.node_capacity} for p in res.snapshot.problem.pools}
-        assert len(pools) == 2, pools  # a100 (node1 only, node2 drained) and v100
+        assert len(pools) == 2, pools  # a100 (node2 only, node1 drained) and v100
         for p in pools.values():
             assert DRAINED not in p
         for a in res.plan.actions:

@@ -71,7 +71,7 @@ def test_agrees_with_highs_on_small_random_instances(objective):
     gaps = []
     for _ in range(25):
         prob = instance(rng)
-        pol = DPPolicy(objective=objective, placement=False)
+        pol = DPPolicy(admission="priority", objective=objective, placement=False)
         value = DPPolicy.OBJECTIVES[objective][0]
         joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective)
         q = build_q(prob, joint.candidates, objective=value)
@@ -100,7 +100,7 @@ def test_required_jobs_get_their_minimum_in_some_pool():
         prob = instance(rng)
         joint = DPPolicy(admission="joint", starvation_s=float("inf"))
         q = build_q(prob, joint.candidates)
-        a = DPPolicy(placement=False).allocate(prob)
+        a = DPPolicy(admission="priority", placement=False).allocate(prob)
         b = allocate_pools(prob, joint.candidates, placement=False, enumerate_limit=0)  # the prices' path
         for j, req in enumerate(prob.jobs):
             if q.standing[j] == REQUIRED:
