@@ -86,7 +86,8 @@ def test_capped_resolves_do_not_converge_where_the_repair_places_everything():
     old_failed = 0
     for jobs, gpus, seeds in ((40, 96, 10), (100, 256, 6)):
         for seed in range(seeds):
-            cand = get_policy("dp", admission="joint").candidates(random_problem(jobs, gpus, seed, 4))
+            cand = get_policy("dp", admission="joint", restart_margin=1.0, tenure=False, backoff=0.0).candidates(
+                random_problem(jobs, gpus, seed, 4))
             values = cand.values.copy()
             _, chosen = mckp(cand.offsets, cand.weights, values, cand.capacity)
             for _ in range(4):
@@ -100,10 +101,15 @@ def test_capped_resolves_do_not_converge_where_the_repair_places_everything():
             new = solve_placeable(cand)
             assert place_check(cand, new) == {}, (jobs, seed)
             assert cand.weights[new].sum() <= cand.capacity
-    assert old_failed >= 3  # measured: 5 of these 16 with the default objective
+    assert old_failed >= 3  # measured: 5 of these 16 (stability margin off: the instances it was written on)
 
 
-@pytest.mark.parametrize("policy,opts", [("dp", {}), ("dp", {"admission": "joint"}), ("pollux-dp", {})])
+# dp with its stability margin off (the margin plans fewer grows, so fewer need the repair), and as is
+OFF = {"restart_margin": 1.0, "tenure": False, "backoff": 0.0}
+
+
+@pytest.mark.parametrize("policy,opts", [("dp", {"admission": "priority", **OFF}), ("dp", {"admission": "joint", **OFF}),
+                                         ("dp", {}), ("pollux-dp", {})])
 def test_allocations_are_carried_out_in_full_on_fragmented_clusters(policy, opts):
     seen_repair = 0
     for seed in range(8):
@@ -115,7 +121,7 @@ def test_allocations_are_carried_out_in_full_on_fragmented_clusters(policy, opts
         if policy == "dp":
             cand = pol.candidates(problem)
             seen_repair += bool(place_check(cand, mckp(cand.offsets, cand.weights, cand.values, cand.capacity)[1]))
-    if policy == "dp":
+    if policy == "dp" and opts:
         assert seen_repair >= 2  # the instances do exercise the repair (the pool-only answer does not place)
 
 
