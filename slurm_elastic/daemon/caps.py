@@ -41,13 +41,60 @@ class CappedPolicy(Policy):
                     continue
                 j = replace(j, spec=replace(j.spec, max_gpus=max(cap, j.spec.min_gpus)))
             jobs.append(j)
+        if self.max_gpus_per_user:
+            jobs = self._user_prefilter(jobs)
         alloc = self.inner.allocate(replace(problem, jobs=tuple(jobs)))
         out = dict(alloc.jobs)
-        for jid, reason in self.excluded.items():
-            out[jid] = JobAllocation(jid, 0, reason=reason)
         if self.max_gpus_per_user:
             out = self._user_caps(problem, jobs, out, problem.node_size)
+            cut = {j.job_id: out[j.job_id].gpus for j in jobs
+                   if j.job_id in out and out[j.job_id].gpus < alloc.jobs[j.job_id].gpus}
+            if cut:
+                # Re-solve once with the cut jobs held at what the cap left them, so that the GPUs the cap
+                # took go to other users' jobs in this cycle, not the next (which would cut the same way).
+                again = []
+                for j in jobs:
+                    k = cut.get(j.job_id)
+                    if k is None:
+                        again.append(j)
+                    elif k > 0:
+                        again.append(replace(j, spec=replace(j.spec, max_gpus=k)))
+                    elif j.is_running:
+                        again.append(j)
+                    else:
+                        self.excluded[j.job_id] = out[j.job_id].reason or f"per-user cap {self.max_gpus_per_user}"
+                alloc = self.inner.allocate(replace(problem, jobs=tuple(again)))
+                out = self._user_caps(problem, again, dict(alloc.jobs), problem.node_size)
+        for jid, reason in self.excluded.items():
+            out[jid] = JobAllocation(jid, 0, reason=reason)
         return replace(alloc, jobs=out)
+
+    def _user_prefilter(self, jobs: list) -> list:
+        """Before the policy: in priority order, a pending job whose minimum no longer fits under its
+        user's cap (after that user's running jobs and earlier pending minimums) is left out, and no job
+        may ask for more than the cap. Otherwise a policy that chooses which pending jobs start (joint
+        admission) can give the GPUs to one user's many jobs, have the cap cut them afterwards, and
+        leave another user's jobs waiting cycle after cycle (seen in tests/faults/test_user_files.py)."""
+        users = self.user_of or {}
+        cap = self.max_gpus_per_user
+        held: dict[str, int] = {}
+        for j in jobs:
+            if j.is_running:
+                user = users.get(j.job_id, "")
+                held[user] = held.get(user, 0) + j.running_gpus
+        kept = []
+        for j in jobs:
+            user = users.get(j.job_id, "")
+            if not j.is_running:
+                if held.get(user, 0) + j.spec.min_gpus > cap:
+                    self.excluded[j.job_id] = (f"per-user cap {cap}: the user's other jobs hold or are first "
+                                               f"in line for {held.get(user, 0)} GPUs")
+                    continue
+                held[user] = held.get(user, 0) + j.spec.min_gpus
+            if j.spec.max_gpus > cap >= j.spec.min_gpus:
+                j = replace(j, spec=replace(j.spec, max_gpus=cap))
+            kept.append(j)
+        return kept
 
     def _user_caps(self, problem, jobs, out: dict, node_size: int) -> dict:
         users = self.user_of or {}

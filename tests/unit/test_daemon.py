@@ -96,6 +96,20 @@ def test_caps_hold_whatever_jobs_ask():
     assert res.jobs[9].gpus == 0 and "per-job cap" in res.jobs[9].reason
 
 
+def test_per_user_cap_leaves_other_users_jobs_room_under_joint_admission():
+    # bob's 3 jobs came first, then ann's 10; cap 4 GPUs per user on 16. Capping only the policy's answer
+    # let joint admission give the GPUs to ann's many jobs, then cut them: bob got nothing, every cycle
+    # (measured before the fix: bob 0, ann 4; the live case is tests/faults/test_user_files.py).
+    jobs = tuple(_request(i, SPEC_A) for i in range(1, 14))
+    users = {i: ("bob" if i <= 3 else "ann") for i in range(1, 14)}
+    res = CappedPolicy(get_policy("dp", admission="joint"), max_gpus_per_user=4, user_of=users).allocate(
+        AllocationProblem(total_gpus=16, node_size=4, jobs=jobs))
+    bob = sum(res.jobs[j].gpus for j in (1, 2, 3))
+    ann = sum(res.jobs[j].gpus for j in range(4, 14))
+    assert ann <= 4 and 0 < bob <= 4, res.jobs
+    assert any("per-user cap 4" in res.jobs[j].reason for j in range(4, 14)), res.jobs
+
+
 class Crash(Exception):
     """Stands for SIGKILL of the daemon at one step of an action."""
 
