@@ -12,6 +12,9 @@ nobody into the GPUs it keeps free for it; Slurm's own scheduler starts the rigi
 holds an elastic job, so one must move: it restarts on the other node, smaller, with the reserved node in
 its ``ExcNodeList``.
 
+On the chroot's Slurm version the job directory is bind-mounted on the host at the path Slurm reports,
+so the daemon (on the host) reads the jobs' files as on a real site.
+
 The elastic jobs are a few lines of Python under ``srun`` that acknowledge the daemon's stop request the
 way the in-job library does (``stop-ack.<job>.<restart>.json``), so the test spends its time on Slurm and
 the daemon, not on training.
@@ -19,6 +22,9 @@ the daemon, not on training.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -57,9 +63,36 @@ def _submit(c, work: Path, name: str, sbatch_args: list[str], spec: str) -> int:
     d = work / name
     d.mkdir(parents=True, exist_ok=True)
     script = d / "job.sh"
-    script.write_text(f"#!/bin/bash\nexec srun python3 {work / 'acker.py'}\n")
+    script.write_text(f"#!/bin/bash\nexec srun python3 {c.inside(work / 'acker.py')}\n")
     return c.sbatch(["--hold", "--requeue", f"--job-name=pools-{name}", "-o", str(d / "job.out"),
                      f"--comment={spec}", *sbatch_args, str(script)], cwd=d)
+
+
+@contextlib.contextmanager
+def _same_path_on_host(c, path: Path):
+    """For a chroot cluster: ``path`` (inside the root) bind-mounted on the host at the path Slurm reports
+    for it, so that the daemon, which runs on the host, reads each job's files where Slurm says they are
+    (as on a real site, where the daemon and Slurm see one file system). Undone afterwards; only the
+    directories made here are removed."""
+    if c.chroot is None:
+        yield
+        return
+    target = Path(c.inside(path))
+    made = [p for p in (*reversed(target.parents), target) if not p.exists()]
+    for p in made:
+        p.mkdir()
+    mounted = False
+    try:
+        for argv in (["mount", "--bind", str(path), str(target)], ["mount", "--make-private", str(target)]):
+            subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+            mounted = True
+        yield
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(target)], capture_output=True, timeout=60, check=False)
+        for p in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(p)
 
 
 def _scontrol(c, *args: str) -> None:
@@ -69,11 +102,12 @@ def _scontrol(c, *args: str) -> None:
 
 def test_daemon_places_in_pools_never_on_a_drained_node_and_lets_a_rigid_job_start(pools_cluster, tmp_path):
     c = pools_cluster
-    if c.chroot is not None:
-        # The daemon reads each job's files by the path Slurm reports; a chroot cluster's paths are inside
-        # its root. The Slurm side of pools on this version is covered by test_pools_live.py.
-        pytest.skip("the daemon runs against the host's Slurm; pools on the chroot's Slurm: test_pools_live.py")
     work = c.job_dir("pools-daemon")
+    with _same_path_on_host(c, work):
+        _run(c, work)
+
+
+def _run(c, work: Path) -> None:
     work.chmod(0o755)
     (work / "acker.py").write_text(ACKER)
     cfg_path = work / "elastic.toml"
