@@ -286,8 +286,13 @@ def plan(
             continue
         # running
         if a.gpus == v.gpus:
-            actions[v.job_id] = Leave(v.job_id, "same GPU count" if a.batch == v.batch or not a.batch
-                                      else "same GPU count (batch-only change not worth a restart)")
+            if a.reason and a.reason.startswith("kept"):
+                why = a.reason  # the policy's own account (e.g. which size would pay but for the restart)
+            elif a.batch == v.batch or not a.batch:
+                why = "same GPU count"
+            else:
+                why = "same GPU count (batch-only change not worth a restart)"
+            actions[v.job_id] = Leave(v.job_id, why)
             continue
         book = books.get(v.job_id, JobBook())
         if v.job_id in urgent and 0 < a.gpus < v.gpus:

@@ -360,8 +360,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
             kmin = int(plan.tables[j].counts[0])
             reason = f"admitted: {k} GPU{'s' if k != 1 else ''}" + (f" (minimum {kmin})" if k > kmin else "")
         elif keep:
-            reason = "kept: gain below restart cost" if _better_elsewhere(plan, p, int(chosen_flat[p]), spare) \
-                else "kept"
+            reason = _kept_reason(plan, p, int(chosen_flat[p]), spare)
         elif k > r:
             reason = f"grown {r}->{k}: {pct(sps, cur)}".rstrip(": ")
         elif k < r:
@@ -372,14 +371,27 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     return Allocation(out, objective, solve_s, policy)
 
 
-def _better_elsewhere(plan: Candidates, p: int, c: int, spare: int) -> bool:
-    """Would a reachable other count of this kept job be better but for the restart cost?"""
+def _kept_reason(plan: Candidates, p: int, c: int, spare: int) -> str:
+    """Why a running job keeps its size: no reachable size is worth more, or the best one would be but for
+    its restart (then which size, its gain, and the restart share it would lose, so ``status`` says why)."""
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
     req = plan.problem.jobs[int(plan.dp_jobs[p])]
     f = float(plan.factor[p]) if plan.factor is not None else 1.0 - restart_fraction(req, plan.problem)
-    if f <= 0:
-        return True
     w = plan.weights[lo:hi]
     v = plan.values[lo:hi]
     others = (np.arange(lo, hi) != c) & (w <= plan.weights[c] + spare) & (plan.cols[0, lo:hi] > 0)
-    return bool((others & (v / f > plan.values[c] + 1e-12)).any())
+    if f <= 0:
+        better = others  # every rescale loses all its value: which size would win is moot
+    else:
+        raw = np.where(others, v / max(f, 1e-300), -np.inf)
+        better = raw > plan.values[c] + 1e-12
+    if not better.any():
+        return "kept: no reachable size is worth more"
+    r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
+    if f <= 0 or plan.values[c] <= 0:
+        return f"kept: gain below restart cost (restart {float(r):.0f} s would cost all of a rescale's value)"
+    best = int(np.argmax(raw))
+    k = int(plan.cols[0, lo + best])
+    gain = float(raw[best]) / float(plan.values[c]) - 1.0
+    return (f"kept: gain below restart cost ({k} GPU{'s' if k != 1 else ''} would be worth {gain:+.0%}, "
+            f"a restart of {float(r):.0f} s costs {1.0 - f:.0%})")
