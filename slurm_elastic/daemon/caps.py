@@ -47,24 +47,36 @@ class CappedPolicy(Policy):
         out = dict(alloc.jobs)
         if self.max_gpus_per_user:
             out = self._user_caps(problem, jobs, out, problem.node_size)
-            cut = {j.job_id: out[j.job_id].gpus for j in jobs
-                   if j.job_id in out and out[j.job_id].gpus < alloc.jobs[j.job_id].gpus}
-            if cut:
-                # Re-solve once with the cut jobs held at what the cap left them, so that the GPUs the cap
-                # took go to other users' jobs in this cycle, not the next (which would cut the same way).
+            # When the cap cuts the answer, re-solve with each capped user's jobs held at what the cap
+            # left them (that user's other pending jobs out), so the GPUs the cap took go to other users'
+            # jobs in this cycle. Every round caps at least one more user, so this ends; a policy that
+            # picks among identical jobs of one user would otherwise be cut one job per round (seen:
+            # 8 GPUs, cap 4, bob's 2 jobs first and ann's 6: bob 0, ann 4, 4 GPUs idle).
+            users = self.user_of or {}
+            capped: set[str] = set()
+            for _ in range(len(set(users.values())) + 1):
+                cut = {j.job_id for j in jobs if j.job_id in out and j.job_id in alloc.jobs
+                       and out[j.job_id].gpus < alloc.jobs[j.job_id].gpus}
+                if not cut:
+                    break
+                capped |= {users.get(jid, "") for jid in cut}
                 again = []
                 for j in jobs:
-                    k = cut.get(j.job_id)
-                    if k is None:
+                    if users.get(j.job_id, "") not in capped:
                         again.append(j)
-                    elif k > 0:
+                        continue
+                    k = out[j.job_id].gpus if j.job_id in out else 0
+                    if k > 0:
                         again.append(replace(j, spec=replace(j.spec, max_gpus=k)))
                     elif j.is_running:
                         again.append(j)
                     else:
-                        self.excluded[j.job_id] = out[j.job_id].reason or f"per-user cap {self.max_gpus_per_user}"
-                alloc = self.inner.allocate(replace(problem, jobs=tuple(again)))
-                out = self._user_caps(problem, again, dict(alloc.jobs), problem.node_size)
+                        self.excluded[j.job_id] = (out[j.job_id].reason if j.job_id in out and out[j.job_id].reason
+                                                   else f"per-user cap {self.max_gpus_per_user} reached by user "
+                                                        f"{users.get(j.job_id) or '?'}")
+                jobs = again
+                alloc = self.inner.allocate(replace(problem, jobs=tuple(jobs)))
+                out = self._user_caps(problem, jobs, dict(alloc.jobs), problem.node_size)
         for jid, reason in self.excluded.items():
             out[jid] = JobAllocation(jid, 0, reason=reason)
         return replace(alloc, jobs=out)

@@ -110,6 +110,27 @@ def test_per_user_cap_leaves_other_users_jobs_room_under_joint_admission():
     assert any("per-user cap 4" in res.jobs[j].reason for j in range(4, 14)), res.jobs
 
 
+@pytest.mark.parametrize("first", ["bob", "ann"])
+@pytest.mark.parametrize("cap,gpus", [(2, 8), (4, 8), (6, 8), (4, 16), (6, 16)])
+def test_per_user_cap_leaves_no_gpu_idle_that_a_user_under_the_cap_could_use(first, cap, gpus):
+    # bob has 2 jobs and ann 6, all alike (1-8 GPUs). One re-solve after the cut was not enough: the policy
+    # picked another of ann's identical jobs each time (measured before the fix, bob first, cap 4 on 8
+    # GPUs: bob 0, ann 4, 4 GPUs idle; cap 6 on 16: bob 2, ann 6, 8 idle).
+    ids = range(1, 9)
+    users = {i: ("bob" if (i <= 2) == (first == "bob") else "ann") for i in ids}
+    if first == "ann":
+        users = {i: ("ann" if i <= 6 else "bob") for i in ids}
+    jobs = tuple(_request(i, SPEC_A) for i in ids)
+    res = CappedPolicy(get_policy("dp"), max_gpus_per_user=cap, user_of=users).allocate(
+        AllocationProblem(total_gpus=gpus, node_size=4, jobs=jobs))
+    per = {"ann": 0, "bob": 0}
+    for j, a in res.jobs.items():
+        per[users[j]] += a.gpus
+    assert max(per.values()) <= cap, per
+    # every GPU is used unless each user is at the cap (each user's jobs could use 16 or more)
+    assert sum(per.values()) == min(gpus, 2 * cap), (per, {j: a.reason for j, a in res.jobs.items()})
+
+
 class Crash(Exception):
     """Stands for SIGKILL of the daemon at one step of an action."""
 
