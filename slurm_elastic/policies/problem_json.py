@@ -7,6 +7,11 @@ Format (``slurm-elastic solve PROBLEM.json``; an example is ``examples/problem.j
       "node_size": 4,              # GPUs per node (required)
       "horizon_s": 3600,           # restart costs are amortised over this (optional)
       "allow_preemption": false,   # may running jobs be stopped (optional)
+      "nodes": {"node1": 4, ...},  # GPUs per node for elastic jobs (optional): placement-aware answers
+      "pools": [                   # several pools (optional; issue 13): then total_gpus/node_size/nodes
+        {"name": "v100",           #   may be left out, they follow from the pools' nodes
+         "gpu_type": "v100", "partitions": ["v100"], "nodes": {"node3": 8, "node4": 8}}
+      ],
       "jobs": [                    # in priority order (required)
         {
           "id": "train-a",                       # unique (required)
@@ -15,14 +20,20 @@ Format (``slurm-elastic solve PROBLEM.json``; an example is ``examples/problem.j
                                                  # or "comment": "elastic:min_gpus=1,..."
           "points": [[1, 128, 1100.0], [4, 512, 3900.0]],   # optional: (gpus, batch, samples/s)
           "running_gpus": 4, "running_batch": 512,           # optional: omitted = pending
-          "restart_s": 45, "wait_s": 0                       # optional
+          "restart_s": 45, "wait_s": 0,                      # optional
+          "nodes": ["node1"],                                # optional: the nodes a running job holds
+          "pools": ["v100", "a100"], "pool": "v100",         # optional: pools it may use (default all),
+                                                             #   the one a running job is in
+          "pool_points": {"a100": [[1, 128, 2300.0]]}        # optional: measured points per pool
         }
       ]
     }
 
 ``spec`` takes every :class:`ElasticSpec` field (``weight``, ``profile``, ``restart_s``, ...) and is
 validated by the same strict parser as a job's ``--comment`` (so errors name the job and the field).
-A job needs a named ``profile`` or ``points``; the profile wins when both are given.
+A job needs a named ``profile`` or ``points``; the profile wins when both are given. With pools, a job on
+a Gavel table (``profile=gavel.<gpu>.<model>``) runs on another Gavel GPU type at that type's table, as in
+the daemon; ``pool_points`` give any job its own model in a pool.
 """
 
 from __future__ import annotations
@@ -30,13 +41,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from slurm_elastic.policies.base import Allocation, AllocationProblem, JobRequest
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobRequest, Pool
 from slurm_elastic.profiles import model_for_spec
 from slurm_elastic.spec import MAX_GPUS_LIMIT, SpecError, ThroughputPoint, parse_spec, validate_spec
 
-_TOP = {"total_gpus", "node_size", "horizon_s", "allow_preemption", "jobs", "policy", "options", "description"}
+_TOP = {"total_gpus", "node_size", "horizon_s", "allow_preemption", "jobs", "policy", "options", "description",
+        "nodes", "pools"}
 _JOB = {"id", "spec", "comment", "points", "running_gpus", "running_batch", "restart_s", "wait_s", "weight",
-        "profile"}
+        "profile", "nodes", "pools", "pool", "pool_points"}
+_POOL = {"name", "gpu_type", "partitions", "nodes"}
+MAX_NODES = 1 << 20
 
 
 def _int(v, job, field, lo=0, hi=MAX_GPUS_LIMIT):
@@ -89,6 +103,58 @@ def _points(v, job) -> tuple[ThroughputPoint, ...]:
     return tuple(out)
 
 
+def _name(v, job, field) -> str:
+    if not isinstance(v, str) or not v or len(v) > 256 or not v.isprintable():
+        raise SpecError(f"expected a non-empty printable name, got {v!r}", job_id=job, field=field)
+    return v
+
+
+def _node_map(v, field) -> tuple[tuple[str, int], ...]:
+    if not isinstance(v, dict) or not v or len(v) > MAX_NODES:
+        raise SpecError("expected a non-empty object {node: GPUs}", field=field)
+    return tuple((_name(n, None, f"{field}.{n}"), _int(g, None, f"{field}.{n}", 1)) for n, g in v.items())
+
+
+def _most_common_size(caps) -> int:
+    from collections import Counter
+
+    return Counter(g for _, g in caps).most_common(1)[0][0]
+
+
+def _pools(v) -> tuple[Pool, ...]:
+    if not isinstance(v, list) or not v:
+        raise SpecError("expected a non-empty list of pools", field="pools")
+    out, names, where = [], set(), {}
+    for i, pd in enumerate(v):
+        f = f"pools[{i}]"
+        if not isinstance(pd, dict):
+            raise SpecError("expected an object", field=f)
+        unknown = set(pd) - _POOL
+        if unknown:
+            raise SpecError(f"unknown keys {sorted(unknown)} (known: {sorted(_POOL)})", field=f"{f}.{sorted(unknown)[0]}")
+        if "name" not in pd or "nodes" not in pd:
+            raise SpecError("required", field=f"{f}.{'name' if 'name' not in pd else 'nodes'}")
+        name = _name(pd["name"], None, f"{f}.name")
+        if name in names:
+            raise SpecError(f"duplicate pool name {name!r}", field=f"{f}.name")
+        names.add(name)
+        gpu_type = pd.get("gpu_type", "")
+        if gpu_type != "":
+            gpu_type = _name(gpu_type, None, f"{f}.gpu_type")
+        parts = pd.get("partitions", [])
+        if not isinstance(parts, list):
+            raise SpecError("expected a list of partition names", field=f"{f}.partitions")
+        parts = tuple(_name(p, None, f"{f}.partitions") for p in parts)
+        caps = _node_map(pd["nodes"], f"{f}.nodes")
+        for n, _ in caps:
+            if n in where:
+                raise SpecError(f"node {n!r} is in pools {where[n]!r} and {name!r}: pools are disjoint",
+                                field=f"{f}.nodes")
+            where[n] = name
+        out.append(Pool(name, gpu_type, parts, caps, _most_common_size(caps)))
+    return tuple(out)
+
+
 def problem_from_dict(data: Any) -> AllocationProblem:
     """Validate a problem document and build the :class:`AllocationProblem`; raises :class:`SpecError`."""
     if not isinstance(data, dict):
@@ -96,11 +162,28 @@ def problem_from_dict(data: Any) -> AllocationProblem:
     unknown = set(data) - _TOP
     if unknown:
         raise SpecError(f"unknown keys {sorted(unknown)} (known: {sorted(_TOP)})", field=sorted(unknown)[0])
-    for key in ("total_gpus", "node_size", "jobs"):
+    pools = _pools(data["pools"]) if "pools" in data else ()
+    if pools and "nodes" in data:
+        raise SpecError("give the nodes in the pools, not both", field="nodes")
+    node_caps = tuple(c for p in pools for c in p.node_capacity) if pools else (
+        _node_map(data["nodes"], "nodes") if "nodes" in data else None)
+    for key in ("jobs",) if pools else ("total_gpus", "node_size", "jobs"):
         if key not in data:
             raise SpecError("required", field=key)
-    total = _int(data["total_gpus"], None, "total_gpus", 0)
-    node_size = _int(data["node_size"], None, "node_size", 1)
+    if pools:
+        total = sum(g for _, g in node_caps)
+        if "total_gpus" in data and _int(data["total_gpus"], None, "total_gpus", 0) != total:
+            raise SpecError(f"{data['total_gpus']} is not the {total} GPUs of the pools' nodes", field="total_gpus")
+        node_size = _int(data["node_size"], None, "node_size", 1) if "node_size" in data else \
+            _most_common_size(node_caps)
+    else:
+        total = _int(data["total_gpus"], None, "total_gpus", 0)
+        node_size = _int(data["node_size"], None, "node_size", 1)
+        if node_caps is not None and sum(g for _, g in node_caps) < total:
+            raise SpecError(f"total_gpus {total} is more than the nodes' {sum(g for _, g in node_caps)}",
+                            field="total_gpus")
+    pool_by = {p.name: p for p in pools}
+    node_names = {n for n, _ in node_caps} if node_caps else set()
     horizon = _num(data.get("horizon_s", 3600.0), None, "horizon_s", 1e-9, 1e9)
     preempt = data.get("allow_preemption", False)
     if not isinstance(preempt, bool):
@@ -154,8 +237,86 @@ def problem_from_dict(data: Any) -> AllocationProblem:
                        "restart_s", 0.0, 1e7)
         wait = _num(jd.get("wait_s", 0.0), jid, "wait_s", 0.0, 1e10)
         model = model_for_spec(spec, node_size, job_id=jid)
-        jobs.append(JobRequest(jid, spec, model, running, rb, restart, wait))
-    return AllocationProblem(total, node_size, tuple(jobs), horizon, preempt)
+        req = JobRequest(jid, spec, model, running, rb, restart, wait)
+        req = _placement_fields(req, jd, node_names, pool_by, node_size)
+        jobs.append(req)
+    return AllocationProblem(total, node_size, tuple(jobs), horizon, preempt, node_capacity=node_caps,
+                             pools=pools)
+
+
+def _placement_fields(req: JobRequest, jd: dict, node_names: set, pool_by: dict, node_size: int) -> JobRequest:
+    """A job's nodes (running), allowed pools, current pool and per-pool models, checked against the
+    problem's nodes and pools."""
+    from dataclasses import replace
+
+    jid = req.job_id
+    nodes: tuple[str, ...] = ()
+    if "nodes" in jd:
+        if not req.is_running:
+            raise SpecError("nodes without running_gpus", job_id=jid, field="nodes")
+        if not node_names:
+            raise SpecError("job nodes need the problem's nodes (top-level 'nodes' or 'pools')", job_id=jid,
+                            field="nodes")
+        v = jd["nodes"]
+        if not isinstance(v, list) or not v or len(v) > req.running_gpus:
+            raise SpecError(f"expected 1 to {req.running_gpus} node names", job_id=jid, field="nodes")
+        nodes = tuple(_name(n, jid, "nodes") for n in v)
+        for n in nodes:
+            if n not in node_names:
+                raise SpecError(f"unknown node {n!r}", job_id=jid, field="nodes")
+    for key in ("pools", "pool", "pool_points"):
+        if key in jd and not pool_by:
+            raise SpecError("the problem has no 'pools'", job_id=jid, field=key)
+    allowed: tuple[str, ...] = ()
+    if "pools" in jd:
+        v = jd["pools"]
+        if not isinstance(v, list) or not v:
+            raise SpecError("expected a non-empty list of pool names", job_id=jid, field="pools")
+        allowed = tuple(_name(n, jid, "pools") for n in v)
+        for n in allowed:
+            if n not in pool_by:
+                raise SpecError(f"unknown pool {n!r} (pools: {sorted(pool_by)})", job_id=jid, field="pools")
+    pool = ""
+    if pool_by and req.is_running:
+        if "pool" in jd:
+            pool = _name(jd["pool"], jid, "pool")
+        elif nodes:
+            pool = next((p.name for p in pool_by.values() if nodes[0] in dict(p.node_capacity)), "")
+        elif len(allowed or pool_by) == 1:
+            pool = (allowed or tuple(pool_by))[0]
+        else:
+            raise SpecError("a running job in a problem with several pools needs its 'pool' or 'nodes'",
+                            job_id=jid, field="pool")
+        if pool not in pool_by or (allowed and pool not in allowed):
+            raise SpecError(f"{pool!r} is not one of its pools", job_id=jid, field="pool")
+        if nodes and any(n not in dict(pool_by[pool].node_capacity) for n in nodes):
+            raise SpecError(f"its nodes are not all in pool {pool!r}", job_id=jid, field="nodes")
+    elif "pool" in jd:
+        raise SpecError("pool without running_gpus", job_id=jid, field="pool")
+    models = []
+    if pool_by:
+        from slurm_elastic.profiles.gavel import model_on_type
+
+        given = {}
+        if "pool_points" in jd:
+            v = jd["pool_points"]
+            if not isinstance(v, dict):
+                raise SpecError("expected an object {pool: points}", job_id=jid, field="pool_points")
+            for name, pts in v.items():
+                if name not in pool_by:
+                    raise SpecError(f"unknown pool {name!r}", job_id=jid, field="pool_points")
+                spec = replace(req.spec, points=_points(pts, jid), profile=None)
+                given[name] = model_for_spec(spec, node_size, job_id=jid)
+        for name in allowed or tuple(pool_by):
+            if name in given:
+                models.append((name, given[name]))
+            elif pool_by[name].gpu_type:
+                m = model_on_type(req.model, pool_by[name].gpu_type)
+                if m is not None and m is not req.model:
+                    models.append((name, m))
+        allowed = allowed or tuple(pool_by)
+    per_node = req.running_gpus // len(nodes) if nodes and req.running_gpus % len(nodes) == 0 else 0
+    return replace(req, nodes=nodes, gpus_per_node=per_node, pools=allowed, pool=pool, pool_models=tuple(models))
 
 
 def allocation_to_dict(problem: AllocationProblem, alloc: Allocation) -> dict:
@@ -167,6 +328,7 @@ def allocation_to_dict(problem: AllocationProblem, alloc: Allocation) -> dict:
         "total_gpus": problem.total_gpus,
         "node_size": problem.node_size,
         "gpus_used": alloc.gpus_used(),
+        "bound": alloc.bound,  # a proven upper bound on the objective when not solved exactly (several pools)
         "jobs": [
             {
                 "id": a.job_id,
@@ -177,6 +339,7 @@ def allocation_to_dict(problem: AllocationProblem, alloc: Allocation) -> dict:
                 "accum": a.accum,
                 "samples_per_s": a.samples_per_s,
                 "reason": a.reason,
+                **({"pool": a.pool} if problem.pools else {}),
             }
             for a in alloc.jobs.values()
         ],

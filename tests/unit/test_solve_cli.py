@@ -86,3 +86,66 @@ def test_points_and_comment_forms(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert sum(j["gpus"] for j in out["jobs"]) <= 8 and all(j["gpus"] >= 1 for j in out["jobs"])
+
+
+POOLS_EXAMPLE = EXAMPLE.with_name("problem-pools.json")
+
+
+def test_pools_example_places_each_job_in_one_of_its_pools():
+    doc_in = json.loads(POOLS_EXAMPLE.read_text())
+    r = run([POOLS_EXAMPLE, "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    caps = {p["name"]: sum(p["nodes"].values()) for p in doc_in["pools"]}
+    assert doc["total_gpus"] == sum(caps.values()) == 24
+    allowed = {j["id"]: j["pools"] for j in doc_in["jobs"]}
+    used = {name: 0 for name in caps}
+    for j in doc["jobs"]:
+        if j["gpus"]:
+            assert j["pool"] in allowed[j["id"]], j
+            used[j["pool"]] += j["gpus"]
+    assert all(used[p] <= caps[p] for p in caps), used
+    running = {j["id"]: j for j in doc_in["jobs"] if j.get("running_gpus")}
+    for j in doc["jobs"]:
+        if j["id"] in running and j["gpus"]:
+            assert j["pool"] == running[j["id"]]["pools"][0]  # a running job stays in its pool
+    assert doc["bound"] is not None and doc["bound"] >= doc["objective"] - 1e-9
+    human = run([POOLS_EXAMPLE])
+    assert human.exit_code == 0 and "pool v100" in human.output and "bound" in human.output
+
+
+def test_pool_points_give_a_job_its_own_speed_in_a_pool(tmp_path):
+    # one job, two pools of 4 GPUs; its points say it is 3x faster in 'fast': it must go there
+    job = {"id": "x", "pools": ["slow", "fast"], "points": [[1, 32, 100.0], [2, 64, 190.0], [4, 128, 360.0]],
+           "pool_points": {"fast": [[1, 32, 300.0], [2, 64, 570.0], [4, 128, 1080.0]]},
+           "spec": {"min_gpus": 1, "max_gpus": 4, "min_batch": 32, "max_batch": 128, "max_local_batch": 32,
+                    "batch": 32}}
+    pools = [{"name": "slow", "nodes": {"n1": 4}}, {"name": "fast", "gpu_type": "h100", "nodes": {"n2": 4}}]
+    for order in (pools, pools[::-1]):
+        doc = json.loads(run([write(tmp_path, {"pools": order, "jobs": [job]}), "--json"]).output)
+        assert doc["jobs"][0]["pool"] == "fast" and doc["jobs"][0]["gpus"] == 4, doc
+
+
+POOLS = [{"name": "a", "nodes": {"n1": 4}}, {"name": "b", "nodes": {"n2": 8}}]
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ({"pools": POOLS, "jobs": [dict(GOOD_JOB, pools=["c"])]}, "job a, field 'pools'"),
+    ({"pools": [POOLS[0], {"name": "b", "nodes": {"n1": 4}}], "jobs": [GOOD_JOB]}, "field 'pools[1].nodes'"),
+    ({"pools": [POOLS[0], dict(POOLS[0])], "jobs": [GOOD_JOB]}, "field 'pools[1].name'"),
+    ({"pools": POOLS, "jobs": [dict(GOOD_JOB, running_gpus=2)]}, "job a, field 'pool'"),
+    ({"pools": POOLS, "jobs": [dict(GOOD_JOB, running_gpus=2, pool="b", pools=["a"])]}, "job a, field 'pool'"),
+    ({"pools": POOLS, "jobs": [dict(GOOD_JOB, running_gpus=2, nodes=["n9"])]}, "job a, field 'nodes'"),
+    ({"pools": POOLS, "jobs": [dict(GOOD_JOB, running_gpus=2, pool="a", nodes=["n2"])]}, "job a, field 'nodes'"),
+    ({"pools": POOLS, "total_gpus": 8, "jobs": [GOOD_JOB]}, "field 'total_gpus'"),
+    ({"pools": [{"name": "a", "nodes": {"n1": 0}}], "jobs": [GOOD_JOB]}, "field 'pools[0].nodes.n1'"),
+    ({"pools": [{"name": "a", "nodes": {"n1": 4}, "colour": 1}], "jobs": [GOOD_JOB]}, "field 'pools[0].colour'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, pools=["a"])]}, "job a, field 'pools'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, running_gpus=2, nodes=["n1"])]},
+     "job a, field 'nodes'"),
+    ({"pools": POOLS, "jobs": [dict(GOOD_JOB, pool_points={"a": [[1, 32]]})]}, "job a, field 'points[0]'"),
+])
+def test_invalid_pools_name_the_job_and_field(tmp_path, doc, needle):
+    r = run([write(tmp_path, doc)])
+    assert r.exit_code != 0
+    assert needle in r.output, r.output
