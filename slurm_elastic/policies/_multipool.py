@@ -38,6 +38,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
+from numba import njit
 
 from slurm_elastic.policies._candidates import ADMITTED, NOT_ADMITTED, OPTIONAL, Candidates, build_allocation
 from slurm_elastic.policies._mckp import mckp
@@ -193,6 +194,29 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
                  np.array([s.total_gpus for s in subs], np.int64), scale, minc)
 
 
+@njit(cache=True)
+def _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used):
+    """One evaluation of ``L`` at prices ``mu``, in one pass over the items: per job its best adjusted
+    value ``top`` and the first item attaining it (within 1e-12) ``first``; per pool the GPUs those
+    picks use. The same float operations, in the same order, as the numpy formulation it replaces."""
+    used[:] = 0.0
+    for x in range(value.size):
+        adj[x] = value[x] - mu[pool[x]] * weight[x]
+    for j in range(starts.size):
+        s, e = starts[j], ends[j]
+        m = adj[s]
+        for x in range(s + 1, e):
+            if adj[x] > m:
+                m = adj[x]
+        top[j] = m
+        cut = m - 1e-12
+        f = s
+        while f < e - 1 and adj[f] < cut:
+            f += 1
+        first[j] = f
+        used[pool[f]] += weight[f]
+
+
 def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
     """``(best bound L(mu), its prices mu, the item each job picks at those prices)``."""
     P = q.capacity.size
@@ -207,16 +231,18 @@ def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray
     mu = np.zeros(P)
     best = (math.inf, mu.copy(), None)
     cap = np.maximum(q.capacity.astype(np.float64), 1.0)
+    value = np.ascontiguousarray(q.value, np.float64)
+    weight = np.ascontiguousarray(q.weight, np.int64)
+    pool = np.ascontiguousarray(q.pool, np.int64)
+    top = np.empty(starts.size)
+    adj = np.empty(value.size)
+    used = np.empty(P)
     for t in range(iters):
-        adj = q.value - mu[q.pool] * q.weight
-        top = np.maximum.reduceat(adj, starts)
-        # the first item of each job attaining its maximum
-        hit = adj >= np.repeat(top, ends - starts) - 1e-12
-        first = np.minimum.reduceat(np.where(hit, np.arange(adj.size), adj.size), starts)
+        first = np.empty(starts.size, np.int64)
+        _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used)
         L = float(top.sum() + mu @ q.capacity)
         if L < best[0]:
             best = (L, mu.copy(), first)
-        used = np.bincount(q.pool[first], weights=q.weight[first], minlength=P)
         g = (q.capacity - used) / cap  # a subgradient of L, per unit of capacity
         if not (g < 0).any() and not ((mu > 0) & (g > 0)).any():
             break  # complementary slackness: these prices are optimal for the relaxation
