@@ -65,6 +65,8 @@ class PoolQ:
     capacity: np.ndarray  # per pool: GPUs
     scale: dict[tuple[int, int], float]  # (job, pool) -> ref_p / ref_best
     minc: np.ndarray  # (job, pool) -> its minimum count there (0: no choice there)
+    dp_job: list[np.ndarray] | None = None  # per pool: problem job index of each optimised position
+    sc: np.ndarray | None = None  # (job, pool) -> ref_p / ref_best (the dense form of ``scale``)
 
 
 def _sub_problems(problem: AllocationProblem):
@@ -191,7 +193,7 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     order = np.argsort(job_a, kind="stable")
     return PoolQ(cands, local, standing.tolist(), reasons, witness, job_a[order], cat(Pi, np.int64)[order],
                  cat(F, np.int64)[order], cat(W, np.int64)[order], cat(V, np.float64)[order],
-                 np.array([s.total_gpus for s in subs], np.int64), scale, minc)
+                 np.array([s.total_gpus for s in subs], np.int64), scale, minc, [x[0] for x in seg], sc)
 
 
 @njit(cache=True)
@@ -300,45 +302,50 @@ def _from_witness(q: PoolQ, prices: dict[int, int]) -> dict[int, int]:
     return out
 
 
-def _solve_pool(q: PoolQ, i: int, assign: dict[int, int], placement: bool, name: str):
-    """Pool ``i``'s exact DP for the jobs assigned to it; returns its Allocation (sub-problem ids)."""
+def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str):
+    """Pool ``i``'s exact DP for the jobs assigned to it (``assign``: pool per problem job, -1 none);
+    returns its Allocation (sub-problem ids)."""
     c = q.cands[i]
-    inv = {k: j for j, k in q.local[i].items()}
-    keep_jobs, pieces_idx, weights, values = [], [], [], []
+    gj = q.dp_job[i]
+    standing = np.asarray(q.standing, np.int64)
+    take = (assign[gj] == i) & (standing[gj] > 0) if gj.size else np.zeros(0, bool)
     status = list(c.status)
     reasons = dict(c.reasons)
-    capacity = int(c.capacity)
-    for p, k in enumerate(c.dp_jobs.tolist()):
-        j = inv[k]
-        lo, hi = int(c.offsets[p]), int(c.offsets[p + 1])
-        if assign.get(j) != i or not q.standing[j]:
-            status[k] = NOT_ADMITTED
-            reasons.setdefault(k, q.reasons.get(j, "in another pool"))
-            continue
-        s = q.scale.get((j, i), 1.0)
-        idx = np.arange(lo, hi)
-        counts = c.cols[0, lo:hi].astype(np.int64)
-        w = c.weights[lo:hi].astype(np.int64)
-        v = c.values[lo:hi] * np.where(counts > 0, s, 1.0)
-        if c.status[k] == OPTIONAL and q.standing[j] == REQUIRED:
-            nz = counts > 0
-            idx, v, w = idx[nz], v[nz], counts[nz] - counts[nz][0]
-            capacity -= int(counts[nz][0])
+    dp_k = c.dp_jobs
+    for p in np.flatnonzero(~take).tolist():
+        k = int(dp_k[p])
+        status[k] = NOT_ADMITTED
+        reasons.setdefault(k, q.reasons.get(int(gj[p]), "in another pool"))
+    # a REQUIRED job that was OPTIONAL in the pool's candidates: its minimum is reserved, its zero
+    # choice dropped, its weights counted from its minimum
+    st_k = np.asarray(c.status, np.int64)[dp_k] if dp_k.size else np.zeros(0, np.int64)
+    req_opt = take & (st_k == OPTIONAL) & (standing[gj] == REQUIRED)
+    lens = np.diff(c.offsets)
+    pos = np.repeat(np.arange(lens.size), lens)
+    counts = c.cols[0].astype(np.int64)
+    s = np.where(q.minc[gj, i] > 0, q.sc[gj, i], 1.0) if gj.size else np.zeros(0)
+    keep_item = take[pos] & ~(req_opt[pos] & (counts == 0))
+    flat = np.flatnonzero(keep_item)
+    kp = pos[flat]
+    kc = counts[flat]
+    values = c.values[flat] * np.where(kc > 0, s[kp], 1.0)
+    n_kept = np.bincount(kp, minlength=lens.size)[take]
+    offsets = np.zeros(n_kept.size + 1, np.int64)
+    np.cumsum(n_kept, out=offsets[1:])
+    base = np.zeros(lens.size, np.int64)
+    ro = np.flatnonzero(req_opt)
+    if ro.size:
+        first = offsets[:-1][np.searchsorted(np.flatnonzero(take), ro)]
+        base[ro] = kc[first]
+        for k in dp_k[ro].tolist():
             status[k] = ADMITTED
-        keep_jobs.append(k)
-        pieces_idx.append(idx)
-        weights.append(w)
-        values.append(v)
-    lens = np.array([x.size for x in pieces_idx], np.int64)
-    offsets = np.zeros(lens.size + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    flat = np.concatenate(pieces_idx) if pieces_idx else np.zeros(0, np.int64)
+    weights = np.where(req_opt[kp], kc - base[kp], c.weights[flat].astype(np.int64))
+    keep_jobs = dp_k[take]
+    capacity = int(c.capacity) - int(base.sum())
     sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
-                  dp_jobs=np.array(keep_jobs, np.int64), offsets=offsets,
-                  weights=np.concatenate(weights) if weights else np.zeros(0, np.int64),
-                  values=np.concatenate(values) if values else np.zeros(0),
+                  dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
                   cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat])
-    if not keep_jobs:
+    if not keep_jobs.size:
         chosen = np.zeros(0, np.int64)
     elif placement:
         chosen = solve_placeable(sub)
@@ -348,7 +355,10 @@ def _solve_pool(q: PoolQ, i: int, assign: dict[int, int], placement: bool, name:
 
 
 def _solve_all(q: PoolQ, assign, placement, name):
-    allocs = [_solve_pool(q, i, assign, placement, name) for i in range(len(q.cands))]
+    a = np.full(len(q.standing), -1, np.int64)
+    for j, i in assign.items():
+        a[j] = i
+    allocs = [_solve_pool(q, i, a, placement, name) for i in range(len(q.cands))]
     return allocs, sum(a.objective for a in allocs)
 
 
