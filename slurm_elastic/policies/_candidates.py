@@ -320,8 +320,10 @@ def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, t
     return min(1.0, max(0.0, margin * float(r) / h))
 
 
-def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, solve_s: float) -> Allocation:
-    """Turn one chosen flat choice per optimised job into the per-job answer, with reasons."""
+def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, solve_s: float,
+                     only=None) -> Allocation:
+    """Turn one chosen flat choice per optimised job into the per-job answer, with reasons. ``only``:
+    the job indices to answer for (default: every job of the problem)."""
     problem = plan.problem
     jobs = problem.jobs
     chosen_flat = np.asarray(chosen_flat, dtype=np.int64)
@@ -337,8 +339,10 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     s_l = sel[5].tolist()
     keep_l = plan.keep[chosen_flat].tolist()
     picked = {j: p for p, j in enumerate(plan.dp_jobs.tolist())}
+    better = _better_elsewhere(plan, chosen_flat, spare)
     out: dict = {}
-    for j, req in enumerate(jobs):
+    for j in (range(len(jobs)) if only is None else only):
+        req = jobs[j]
         p = picked.get(j)
         r = req.running_gpus
         if p is None or k_l[p] == 0:
@@ -360,8 +364,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
             kmin = int(plan.tables[j].counts[0])
             reason = f"admitted: {k} GPU{'s' if k != 1 else ''}" + (f" (minimum {kmin})" if k > kmin else "")
         elif keep:
-            reason = "kept: gain below restart cost" if _better_elsewhere(plan, p, int(chosen_flat[p]), spare) \
-                else "kept"
+            reason = "kept: gain below restart cost" if better[p] else "kept"
         elif k > r:
             reason = f"grown {r}->{k}: {pct(sps, cur)}".rstrip(": ")
         elif k < r:
@@ -372,14 +375,21 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     return Allocation(out, objective, solve_s, policy)
 
 
-def _better_elsewhere(plan: Candidates, p: int, c: int, spare: int) -> bool:
-    """Would a reachable other count of this kept job be better but for the restart cost?"""
-    lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
-    req = plan.problem.jobs[int(plan.dp_jobs[p])]
-    f = float(plan.factor[p]) if plan.factor is not None else 1.0 - restart_fraction(req, plan.problem)
-    if f <= 0:
-        return True
-    w = plan.weights[lo:hi]
-    v = plan.values[lo:hi]
-    others = (np.arange(lo, hi) != c) & (w <= plan.weights[c] + spare) & (plan.cols[0, lo:hi] > 0)
-    return bool((others & (v / f > plan.values[c] + 1e-12)).any())
+def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> np.ndarray:
+    """Per optimised job: would a reachable other count be better but for the restart cost (what a kept
+    job's reason says)? One pass over every choice."""
+    n = plan.dp_jobs.size
+    if not n or not chosen_flat.size:
+        return np.zeros(n, bool)
+    if plan.factor is not None:
+        f = np.asarray(plan.factor, np.float64)
+    else:
+        f = np.array([1.0 - restart_fraction(plan.problem.jobs[j], plan.problem) for j in plan.dp_jobs.tolist()])
+    lens = np.diff(plan.offsets)
+    pos = np.repeat(np.arange(n), lens)
+    c = chosen_flat[pos]
+    fr = f[pos]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        others = ((np.arange(pos.size) != c) & (plan.weights <= plan.weights[c] + spare) & (plan.cols[0] > 0)
+                  & (plan.values / fr > plan.values[c] + 1e-12))
+    return (np.bincount(pos[others], minlength=n) > 0) | (f <= 0)

@@ -344,14 +344,15 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     capacity = int(c.capacity) - int(base.sum())
     sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
                   dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
-                  cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat])
+                  cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat],
+                  factor=c.factor[take] if c.factor is not None else None)
     if not keep_jobs.size:
         chosen = np.zeros(0, np.int64)
     elif placement:
         chosen = solve_placeable(sub)
     else:
         chosen = mckp(sub.offsets, sub.weights, sub.values, sub.capacity)[1]
-    return build_allocation(sub, chosen, name, 0.0)
+    return build_allocation(sub, chosen, name, 0.0, keep_jobs.tolist())
 
 
 def _solve_all(q: PoolQ, assign, placement, name):
