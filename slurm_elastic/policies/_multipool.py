@@ -69,6 +69,14 @@ class PoolQ:
     sc: np.ndarray | None = None  # (job, pool) -> ref_p / ref_best (the dense form of ``scale``)
 
 
+def _with_model(req, model):
+    """``replace(req, model=model)`` without the dataclass machinery (thousands per cycle)."""
+    new = object.__new__(type(req))
+    new.__dict__.update(req.__dict__)
+    new.__dict__["model"] = model
+    return new
+
+
 def _sub_problems(problem: AllocationProblem):
     names = {p.name: i for i, p in enumerate(problem.pools)}
     node_pool = {n: i for i, p in enumerate(problem.pools) for n, _ in p.node_capacity}
@@ -92,7 +100,7 @@ def _sub_problems(problem: AllocationProblem):
         for j in members[i]:
             req = problem.jobs[j]
             model = dict(req.pool_models).get(pool.name, req.model) if req.pool_models else req.model
-            jobs.append(req if model is req.model else replace(req, model=model))
+            jobs.append(req if model is req.model else _with_model(req, model))
         subs.append(AllocationProblem(
             total_gpus=pool.total_gpus, node_size=pool.node_size or problem.node_size, jobs=tuple(jobs),
             horizon_s=problem.horizon_s, allow_preemption=problem.allow_preemption,
@@ -129,7 +137,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     flat_scale = (objective == "pnorm") | (ref_best <= 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(flat_scale[:, None], 1.0, refs / np.where(ref_best > 0, ref_best, 1.0)[:, None])
-    scale = {(j, i): float(sc[j, i]) for j in range(n) for i in allowed[j] if minc[j, i] > 0}
+    minc_l, sc_l = minc.tolist(), sc.tolist()
+    scale = {(j, i): sc_l[j][i] for j in range(n) for i in allowed[j] if minc_l[j][i] > 0}
     # admission across pools
     standing = np.zeros(n, np.int64)
     reasons: dict[int, str] = {}
@@ -137,7 +146,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     free = [int(c.capacity) for c in cands]
     closed: set[int] = set()
     for j, req in enumerate(problem.jobs):
-        opts = [i for i in allowed[j] if minc[j, i] > 0]
+        mj = minc_l[j]
+        opts = [i for i in allowed[j] if mj[i] > 0]
         if req.running_gpus > 0:
             if opts and cands[opts[0]].status[local[opts[0]][j]] == ADMITTED:
                 standing[j] = REQUIRED
@@ -157,13 +167,13 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         if admission == "joint" and not starving:
             standing[j] = FREE
             continue
-        fits = [i for i in opts if minc[j, i] <= free[i]]
+        fits = [i for i in opts if mj[i] <= free[i]]
         if fits:
-            i = max(fits, key=lambda i: (sc[j, i], free[i]))
+            i = max(fits, key=lambda i: (sc_l[j][i], free[i]))
             standing[j], witness[j] = REQUIRED, i
-            free[i] -= int(minc[j, i])
+            free[i] -= mj[i]
         else:
-            need = min(int(minc[j, i]) for i in opts)
+            need = min(mj[i] for i in opts)
             reasons[j] = (f"pending: needs {need} GPUs, {max(free[i] for i in opts)} left after "
                           "higher-priority minimums in its pools")
             if starving:
@@ -370,14 +380,18 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
     t0 = time.perf_counter()
     q = build_q(problem, candidates, admission=admission, starvation_s=starvation_s, objective=objective)
     multi: dict[int, list[int]] = {}
-    if q.job.size:
-        P = q.capacity.size
-        pairs = np.unique(q.job * P + q.pool)  # sorted: by job, then pool
-        pj, pp = (pairs // P).tolist(), (pairs % P).tolist()
-        for j, i in zip(pj, pp, strict=True):
-            multi.setdefault(j, []).append(i)
-        multi = {j: v for j, v in multi.items() if len(v) > 1}
-    combos = math.prod(len(v) for v in multi.values()) if multi else 1
+    combos = 1.0
+    if q.job.size:  # items are sorted by job, then pool: each (job, pool) is one run of items
+        step = np.flatnonzero((q.job[1:] != q.job[:-1]) | (q.pool[1:] != q.pool[:-1])) + 1
+        first = np.r_[0, step]
+        pj, pp = q.job[first], q.pool[first]
+        npools = np.bincount(pj, minlength=len(q.standing))
+        several = npools[npools > 1]
+        combos = float(np.prod(several.astype(np.float64))) if several.size else 1.0  # inf when huge
+        if combos <= enumerate_limit:
+            for j, i in zip(pj.tolist(), pp.tolist(), strict=True):
+                if npools[j] > 1:
+                    multi.setdefault(j, []).append(i)
     bound, _, picks = lagrangian(q, iters=iters)
     if combos <= enumerate_limit:
         best = None
