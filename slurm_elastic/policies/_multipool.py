@@ -230,7 +230,85 @@ def _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used):
 
 
 def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
-    """``(best bound L(mu), its prices mu, the item each job picks at those prices)``."""
+    """``(best bound L(mu), its prices mu, the item each job picks at those prices)``.
+
+    Every ``L(mu)`` with ``mu >= 0`` is an upper bound; the least one seen is kept with its picks. The
+    prices searched: first one common price, by bisection on the total demand against the total
+    capacity (from ``mu = 0`` every job wants its largest count: a plain subgradient step from there
+    overshoots by several times the answer and spent most of its iterations coming back); then
+    ``iters`` steps per pool against the sign of its subgradient (demand over capacity: raise the
+    price), each pool's step growing 1.2x while its sign holds and halving when it flips -- a
+    bisection on each pool's market-clearing price. Stops early when the prices satisfy
+    complementary slackness (optimal for the relaxation) or no longer move."""
+    P = q.capacity.size
+    if q.job.size == 0:
+        return 0.0, np.zeros(P), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, q.job[1:] != q.job[:-1]])
+    ends = np.r_[starts[1:], q.job.size]
+    value = np.ascontiguousarray(q.value, np.float64)
+    weight = np.ascontiguousarray(q.weight, np.int64)
+    pool = np.ascontiguousarray(q.pool, np.int64)
+    top = np.empty(starts.size)
+    adj = np.empty(value.size)
+    used = np.empty(P)
+    cap = np.maximum(q.capacity.astype(np.float64), 1.0)
+    total = float(q.capacity.sum())
+    best: list = [math.inf, np.zeros(P), None]
+
+    def at(mu):  # L(mu), kept if best; returns the subgradient per unit of capacity
+        first = np.empty(starts.size, np.int64)
+        _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used)
+        L = float(top.sum() + mu @ q.capacity)
+        if L < best[0]:
+            best[:] = [L, mu.copy(), first]
+        return (q.capacity - used) / cap
+
+    def optimal(mu, g):  # complementary slackness: no pool over capacity, no priced pool under it
+        return not (g < 0).any() and not ((mu > 0) & (g > 0)).any()
+
+    mu = np.zeros(P)
+    g = at(mu)
+    if optimal(mu, g):
+        return tuple(best)
+    # one common price: bracket [0, hi] (at hi the total demand fits), then bisect
+    pos = weight > 0
+    hi = float(np.max(np.abs(value[pos]) / weight[pos])) if pos.any() else 1.0
+    hi = hi if hi > 0 else 1.0
+    for _ in range(64):
+        at(np.full(P, hi))
+        if used.sum() <= total:
+            break
+        hi *= 2.0
+    span, lo = hi, 0.0
+    while hi - lo > 1e-3 * span:
+        m = 0.5 * (lo + hi)
+        at(np.full(P, m))
+        if used.sum() > total:
+            lo = m
+        else:
+            hi = m
+    # per pool: steps against the subgradient's sign, adapted per pool
+    mu = np.full(P, hi)
+    step = np.full(P, max(0.05 * hi, 1e-3 * span))
+    prev = np.zeros(P)
+    for _ in range(iters):
+        g = at(mu)
+        if optimal(mu, g):
+            break
+        sgn = np.sign(g)
+        step = np.where(sgn * prev < 0, step * 0.5, np.where(sgn * prev > 0, step * 1.2, step))
+        prev = sgn
+        new = np.maximum(0.0, mu - step * sgn)
+        if np.array_equal(new, mu):
+            break
+        mu = new
+    return tuple(best)
+
+
+def subgradient_prices(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
+    """The same ``(bound, prices, picks)`` by plain projected subgradient steps from ``mu = 0`` (step
+    ``2 / sqrt(t + 1)`` times the median value per GPU): :func:`allocate_pools` also tries its picks,
+    so that the answer is never worse than this search's (the first one this module had)."""
     P = q.capacity.size
     if q.job.size == 0:
         return 0.0, np.zeros(P), np.zeros(0, np.int64)
@@ -365,11 +443,21 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     return build_allocation(sub, chosen, name, 0.0, keep_jobs.tolist())
 
 
-def _solve_all(q: PoolQ, assign, placement, name):
+def _solve_all(q: PoolQ, assign, placement, name, memo: dict | None = None):
     a = np.full(len(q.standing), -1, np.int64)
     for j, i in assign.items():
         a[j] = i
-    allocs = [_solve_pool(q, i, a, placement, name) for i in range(len(q.cands))]
+    a[np.asarray(q.standing, np.int64) == 0] = -1
+    allocs = []
+    for i in range(len(q.cands)):
+        key = (i, (a == i).tobytes())
+        if memo is None or key not in memo:
+            alloc = _solve_pool(q, i, a, placement, name)
+            if memo is None:
+                allocs.append(alloc)
+                continue
+            memo[key] = alloc
+        allocs.append(memo[key])
     return allocs, sum(a.objective for a in allocs)
 
 
@@ -392,7 +480,9 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
             for j, i in zip(pj.tolist(), pp.tolist(), strict=True):
                 if npools[j] > 1:
                     multi.setdefault(j, []).append(i)
-    bound, _, picks = lagrangian(q, iters=iters)
+    searches = [subgradient_prices(q, iters=iters), lagrangian(q, iters=iters)]
+    bound = min(x[0] for x in searches)
+    picks = searches[0][2]
     if combos <= enumerate_limit:
         best = None
         fixed = {int(q.job[x]): int(q.pool[x]) for x in (picks.tolist() if picks is not None else [])}
@@ -407,9 +497,14 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         allocs, obj, assign = best
         if not placement:
             bound = obj  # every assignment tried, each pool exact: Q's optimum
-    else:
-        assign = _assign(q, picks) if picks is not None else dict(q.witness)
-        allocs, obj = _solve_all(q, assign, placement, name)
+    else:  # each search's assignment (pools solved once per distinct set of jobs); the better answer
+        best, memo = None, {}
+        for _, _, picks in searches:
+            assign = _assign(q, picks) if picks is not None else dict(q.witness)
+            allocs, obj = _solve_all(q, assign, placement, name, memo)
+            if best is None or obj > best[1] + 1e-12:
+                best = (allocs, obj, assign)
+        allocs, obj, assign = best
     out: dict = {}
     for j, req in enumerate(problem.jobs):
         i = assign.get(j)
