@@ -345,16 +345,19 @@ def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
     first, then those with two, ..., each class in priority order, each in the pool the prices chose, else its witness, else
     any other with room; if that fails, the admission witnesses moved toward the prices' choice
     (:func:`_from_witness`)."""
-    out = {int(q.job[x]): int(q.pool[x]) for x in picks.tolist()}
+    out = dict(zip(q.job[picks].tolist(), q.pool[picks].tolist(), strict=True))
     room = [int(c.capacity) for c in q.cands]
     P = len(room)
     # the most constrained first (jobs with one pool, then two, ...), each class in priority order
-    order = sorted(q.witness, key=lambda j: (int((q.minc[j] > 0).sum()), j))
+    npools = (q.minc > 0).sum(axis=1).tolist()
+    order = sorted(q.witness, key=lambda j: (npools[j], j))
+    minc = q.minc.tolist()
     for j in order:
+        mj = minc[j]
         prefer = [out.get(j, q.witness[j]), q.witness[j]] + list(range(P))
         for i in prefer:
-            if q.minc[j, i] > 0 and q.minc[j, i] <= room[i]:
-                room[i] -= int(q.minc[j, i])
+            if 0 < mj[i] <= room[i]:
+                room[i] -= mj[i]
                 out[j] = i
                 break
         else:
