@@ -395,7 +395,7 @@ def _from_witness(q: PoolQ, prices: dict[int, int]) -> dict[int, int]:
 
 def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str):
     """Pool ``i``'s exact DP for the jobs assigned to it (``assign``: pool per problem job, -1 none);
-    returns its Allocation (sub-problem ids)."""
+    returns ``(its knapsack, the choice, its value)`` (:func:`_answers` turns the kept one into answers)."""
     c = q.cands[i]
     gj = q.dp_job[i]
     standing = np.asarray(q.standing, np.int64)
@@ -443,7 +443,7 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
         chosen = solve_placeable(sub)
     else:
         chosen = mckp(sub.offsets, sub.weights, sub.values, sub.capacity)[1]
-    return build_allocation(sub, chosen, name, 0.0, keep_jobs.tolist())
+    return sub, chosen, float(sub.values[chosen].sum()) if chosen.size else 0.0
 
 
 def _solve_all(q: PoolQ, assign, placement, name, memo: dict | None = None):
@@ -451,17 +451,22 @@ def _solve_all(q: PoolQ, assign, placement, name, memo: dict | None = None):
     for j, i in assign.items():
         a[j] = i
     a[np.asarray(q.standing, np.int64) == 0] = -1
-    allocs = []
+    parts = []
     for i in range(len(q.cands)):
         key = (i, (a == i).tobytes())
         if memo is None or key not in memo:
-            alloc = _solve_pool(q, i, a, placement, name)
+            part = _solve_pool(q, i, a, placement, name)
             if memo is None:
-                allocs.append(alloc)
+                parts.append(part)
                 continue
-            memo[key] = alloc
-        allocs.append(memo[key])
-    return allocs, sum(a.objective for a in allocs)
+            memo[key] = part
+        parts.append(memo[key])
+    return parts, sum(p[2] for p in parts)
+
+
+def _answers(parts, name: str):
+    """Each pool's answer (sub-problem ids) for the jobs assigned to it."""
+    return [build_allocation(sub, chosen, name, 0.0, sub.dp_jobs.tolist()) for sub, chosen, _ in parts]
 
 
 def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "priority",
@@ -487,14 +492,14 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
     bound = min(x[0] for x in searches)
     picks = searches[0][2]
     if combos <= enumerate_limit:
-        best = None
+        best, memo = None, {}
         fixed = {int(q.job[x]): int(q.pool[x]) for x in (picks.tolist() if picks is not None else [])}
         for choice in itertools.product(*multi.values()):
             assign = dict(fixed)
             assign.update(zip(multi, choice, strict=True))
             if not _min_fits(q, assign):
                 continue
-            allocs, obj = _solve_all(q, assign, placement, name)
+            allocs, obj = _solve_all(q, assign, placement, name, memo)
             if best is None or obj > best[1] + 1e-12:
                 best = (allocs, obj, assign)
         allocs, obj, assign = best
@@ -508,6 +513,7 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
             if best is None or obj > best[1] + 1e-12:
                 best = (allocs, obj, assign)
         allocs, obj, assign = best
+    allocs = _answers(allocs, name)
     out: dict = {}
     for j, req in enumerate(problem.jobs):
         i = assign.get(j)
