@@ -17,16 +17,20 @@ Solution, in three steps:
 2. **Lagrangian prices on the pool capacities**: relaxing every pool's capacity with a price
    ``mu_p >= 0`` splits ``Q`` into one independent choice per job:
    ``L(mu) = sum_j max_(p,c) (v - mu_p w) + sum_p mu_p C_p`` is an upper bound on ``Q``'s optimum
-   for every ``mu``; projected subgradient steps lower it (the best is kept). At the best prices each
-   job that may use several pools is assigned the pool of its best choice; the admitted minimums are
-   then fitted, else the admission witnesses are used, moved toward that choice (:func:`_assign`).
+   for every ``mu``. Two searches lower it, each keeping its best ``L`` (one numba pass over the
+   items per evaluation, :func:`_price_picks`): projected subgradient steps from ``mu = 0``
+   (:func:`subgradient_prices`), and a common price by bisection on the total demand followed by
+   per-pool sign steps (:func:`lagrangian`). At each search's best prices every job that may use
+   several pools is assigned the pool of its best choice; the admitted minimums are then fitted, else
+   the admission witnesses are used, moved toward that choice (:func:`_assign`).
 3. **Per-pool exact DP**: with the pools fixed, each pool is the single-pool problem, solved by the
-   exact knapsack and the placement re-solve (:func:`._placement.solve_placeable`).
+   exact knapsack and the placement re-solve (:func:`._placement.solve_placeable`), for each search's
+   assignment (a pool whose job set repeats is solved once); the better total is the answer.
 
 When the jobs that may use several pools admit at most ``enumerate_limit`` assignments in all, step
 2's assignment is replaced by trying every one (then the answer is ``Q``'s optimum up to placement).
-The answer reports ``bound``: ``L`` at the best prices (or the exact optimum when enumerated); the
-optimality gap is ``bound - objective`` and includes anything lost to node placement.
+The answer reports ``bound``: the lower of the two searches' best ``L`` (or the exact optimum when
+enumerated); the optimality gap is ``bound - objective`` and includes anything lost to node placement.
 """
 
 from __future__ import annotations
