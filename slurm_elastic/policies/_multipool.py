@@ -17,16 +17,20 @@ Solution, in three steps:
 2. **Lagrangian prices on the pool capacities**: relaxing every pool's capacity with a price
    ``mu_p >= 0`` splits ``Q`` into one independent choice per job:
    ``L(mu) = sum_j max_(p,c) (v - mu_p w) + sum_p mu_p C_p`` is an upper bound on ``Q``'s optimum
-   for every ``mu``; projected subgradient steps lower it (the best is kept). At the best prices each
-   job that may use several pools is assigned the pool of its best choice; the admitted minimums are
-   then fitted, else the admission witnesses are used, moved toward that choice (:func:`_assign`).
+   for every ``mu``. Two searches lower it, each keeping its best ``L`` (one numba pass over the
+   items per evaluation, :func:`_price_picks`): projected subgradient steps from ``mu = 0``
+   (:func:`subgradient_prices`), and a common price by bisection on the total demand followed by
+   per-pool sign steps (:func:`lagrangian`). At each search's best prices every job that may use
+   several pools is assigned the pool of its best choice; the admitted minimums are then fitted, else
+   the admission witnesses are used, moved toward that choice (:func:`_assign`).
 3. **Per-pool exact DP**: with the pools fixed, each pool is the single-pool problem, solved by the
-   exact knapsack and the placement re-solve (:func:`._placement.solve_placeable`).
+   exact knapsack and the placement re-solve (:func:`._placement.solve_placeable`), for each search's
+   assignment (a pool whose job set repeats is solved once); the better total is the answer.
 
 When the jobs that may use several pools admit at most ``enumerate_limit`` assignments in all, step
 2's assignment is replaced by trying every one (then the answer is ``Q``'s optimum up to placement).
-The answer reports ``bound``: ``L`` at the best prices (or the exact optimum when enumerated); the
-optimality gap is ``bound - objective`` and includes anything lost to node placement.
+The answer reports ``bound``: the lower of the two searches' best ``L`` (or the exact optimum when
+enumerated); the optimality gap is ``bound - objective`` and includes anything lost to node placement.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
+from numba import njit
 
 from slurm_elastic.policies._candidates import ADMITTED, NOT_ADMITTED, OPTIONAL, Candidates, build_allocation
 from slurm_elastic.policies._mckp import mckp
@@ -64,6 +69,16 @@ class PoolQ:
     capacity: np.ndarray  # per pool: GPUs
     scale: dict[tuple[int, int], float]  # (job, pool) -> ref_p / ref_best
     minc: np.ndarray  # (job, pool) -> its minimum count there (0: no choice there)
+    dp_job: list[np.ndarray] | None = None  # per pool: problem job index of each optimised position
+    sc: np.ndarray | None = None  # (job, pool) -> ref_p / ref_best (the dense form of ``scale``)
+
+
+def _with_model(req, model):
+    """``replace(req, model=model)`` without the dataclass machinery (thousands per cycle)."""
+    new = object.__new__(type(req))
+    new.__dict__.update(req.__dict__)
+    new.__dict__["model"] = model
+    return new
 
 
 def _sub_problems(problem: AllocationProblem):
@@ -89,7 +104,7 @@ def _sub_problems(problem: AllocationProblem):
         for j in members[i]:
             req = problem.jobs[j]
             model = dict(req.pool_models).get(pool.name, req.model) if req.pool_models else req.model
-            jobs.append(req if model is req.model else replace(req, model=model))
+            jobs.append(req if model is req.model else _with_model(req, model))
         subs.append(AllocationProblem(
             total_gpus=pool.total_gpus, node_size=pool.node_size or problem.node_size, jobs=tuple(jobs),
             horizon_s=problem.horizon_s, allow_preemption=problem.allow_preemption,
@@ -126,7 +141,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     flat_scale = (objective == "pnorm") | (ref_best <= 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         sc = np.where(flat_scale[:, None], 1.0, refs / np.where(ref_best > 0, ref_best, 1.0)[:, None])
-    scale = {(j, i): float(sc[j, i]) for j in range(n) for i in allowed[j] if minc[j, i] > 0}
+    minc_l, sc_l = minc.tolist(), sc.tolist()
+    scale = {(j, i): sc_l[j][i] for j in range(n) for i in allowed[j] if minc_l[j][i] > 0}
     # admission across pools
     standing = np.zeros(n, np.int64)
     reasons: dict[int, str] = {}
@@ -134,7 +150,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     free = [int(c.capacity) for c in cands]
     closed: set[int] = set()
     for j, req in enumerate(problem.jobs):
-        opts = [i for i in allowed[j] if minc[j, i] > 0]
+        mj = minc_l[j]
+        opts = [i for i in allowed[j] if mj[i] > 0]
         if req.running_gpus > 0:
             if opts and cands[opts[0]].status[local[opts[0]][j]] == ADMITTED:
                 standing[j] = REQUIRED
@@ -154,13 +171,13 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         if admission == "joint" and not starving:
             standing[j] = FREE
             continue
-        fits = [i for i in opts if minc[j, i] <= free[i]]
+        fits = [i for i in opts if mj[i] <= free[i]]
         if fits:
-            i = max(fits, key=lambda i: (sc[j, i], free[i]))
+            i = max(fits, key=lambda i: (sc_l[j][i], free[i]))
             standing[j], witness[j] = REQUIRED, i
-            free[i] -= int(minc[j, i])
+            free[i] -= mj[i]
         else:
-            need = min(int(minc[j, i]) for i in opts)
+            need = min(mj[i] for i in opts)
             reasons[j] = (f"pending: needs {need} GPUs, {max(free[i] for i in opts)} left after "
                           "higher-priority minimums in its pools")
             if starving:
@@ -190,11 +207,112 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     order = np.argsort(job_a, kind="stable")
     return PoolQ(cands, local, standing.tolist(), reasons, witness, job_a[order], cat(Pi, np.int64)[order],
                  cat(F, np.int64)[order], cat(W, np.int64)[order], cat(V, np.float64)[order],
-                 np.array([s.total_gpus for s in subs], np.int64), scale, minc)
+                 np.array([s.total_gpus for s in subs], np.int64), scale, minc, [x[0] for x in seg], sc)
+
+
+@njit(cache=True)
+def _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used):
+    """One evaluation of ``L`` at prices ``mu``, in one pass over the items: per job its best adjusted
+    value ``top`` and the first item attaining it (within 1e-12) ``first``; per pool the GPUs those
+    picks use. The same float operations, in the same order, as the numpy formulation it replaces."""
+    used[:] = 0.0
+    for x in range(value.size):
+        adj[x] = value[x] - mu[pool[x]] * weight[x]
+    for j in range(starts.size):
+        s, e = starts[j], ends[j]
+        m = adj[s]
+        for x in range(s + 1, e):
+            if adj[x] > m:
+                m = adj[x]
+        top[j] = m
+        cut = m - 1e-12
+        f = s
+        while f < e - 1 and adj[f] < cut:
+            f += 1
+        first[j] = f
+        used[pool[f]] += weight[f]
 
 
 def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
-    """``(best bound L(mu), its prices mu, the item each job picks at those prices)``."""
+    """``(best bound L(mu), its prices mu, the item each job picks at those prices)``.
+
+    Every ``L(mu)`` with ``mu >= 0`` is an upper bound; the least one seen is kept with its picks. The
+    prices searched: first one common price, by bisection on the total demand against the total
+    capacity (from ``mu = 0`` every job wants its largest count: a plain subgradient step from there
+    overshoots by several times the answer and spent most of its iterations coming back); then
+    ``iters`` steps per pool against the sign of its subgradient (demand over capacity: raise the
+    price), each pool's step growing 1.2x while its sign holds and halving when it flips -- a
+    bisection on each pool's market-clearing price. Stops early when the prices satisfy
+    complementary slackness (optimal for the relaxation) or no longer move."""
+    P = q.capacity.size
+    if q.job.size == 0:
+        return 0.0, np.zeros(P), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, q.job[1:] != q.job[:-1]])
+    ends = np.r_[starts[1:], q.job.size]
+    value = np.ascontiguousarray(q.value, np.float64)
+    weight = np.ascontiguousarray(q.weight, np.int64)
+    pool = np.ascontiguousarray(q.pool, np.int64)
+    top = np.empty(starts.size)
+    adj = np.empty(value.size)
+    used = np.empty(P)
+    cap = np.maximum(q.capacity.astype(np.float64), 1.0)
+    total = float(q.capacity.sum())
+    best: list = [math.inf, np.zeros(P), None]
+
+    def at(mu):  # L(mu), kept if best; returns the subgradient per unit of capacity
+        first = np.empty(starts.size, np.int64)
+        _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used)
+        L = float(top.sum() + mu @ q.capacity)
+        if L < best[0]:
+            best[:] = [L, mu.copy(), first]
+        return (q.capacity - used) / cap
+
+    def optimal(mu, g):  # complementary slackness: no pool over capacity, no priced pool under it
+        return not (g < 0).any() and not ((mu > 0) & (g > 0)).any()
+
+    mu = np.zeros(P)
+    g = at(mu)
+    if optimal(mu, g):
+        return tuple(best)
+    # one common price: bracket [0, hi] (at hi the total demand fits), then bisect
+    pos = weight > 0
+    hi = float(np.max(np.abs(value[pos]) / weight[pos])) if pos.any() else 1.0
+    hi = hi if hi > 0 else 1.0
+    for _ in range(64):
+        at(np.full(P, hi))
+        if used.sum() <= total:
+            break
+        hi *= 2.0
+    span, lo = hi, 0.0
+    while hi - lo > 1e-3 * span:
+        m = 0.5 * (lo + hi)
+        at(np.full(P, m))
+        if used.sum() > total:
+            lo = m
+        else:
+            hi = m
+    # per pool: steps against the subgradient's sign, adapted per pool
+    mu = np.full(P, hi)
+    step = np.full(P, max(0.05 * hi, 1e-3 * span))
+    prev = np.zeros(P)
+    for _ in range(iters):
+        g = at(mu)
+        if optimal(mu, g):
+            break
+        sgn = np.sign(g)
+        step = np.where(sgn * prev < 0, step * 0.5, np.where(sgn * prev > 0, step * 1.2, step))
+        prev = sgn
+        new = np.maximum(0.0, mu - step * sgn)
+        if np.array_equal(new, mu):
+            break
+        mu = new
+    return tuple(best)
+
+
+def subgradient_prices(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
+    """The same ``(bound, prices, picks)`` by plain projected subgradient steps from ``mu = 0`` (step
+    ``2 / sqrt(t + 1)`` times the median value per GPU): :func:`allocate_pools` also tries its picks,
+    so that the answer is never worse than this search's (the first one this module had)."""
     P = q.capacity.size
     if q.job.size == 0:
         return 0.0, np.zeros(P), np.zeros(0, np.int64)
@@ -207,16 +325,18 @@ def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray
     mu = np.zeros(P)
     best = (math.inf, mu.copy(), None)
     cap = np.maximum(q.capacity.astype(np.float64), 1.0)
+    value = np.ascontiguousarray(q.value, np.float64)
+    weight = np.ascontiguousarray(q.weight, np.int64)
+    pool = np.ascontiguousarray(q.pool, np.int64)
+    top = np.empty(starts.size)
+    adj = np.empty(value.size)
+    used = np.empty(P)
     for t in range(iters):
-        adj = q.value - mu[q.pool] * q.weight
-        top = np.maximum.reduceat(adj, starts)
-        # the first item of each job attaining its maximum
-        hit = adj >= np.repeat(top, ends - starts) - 1e-12
-        first = np.minimum.reduceat(np.where(hit, np.arange(adj.size), adj.size), starts)
+        first = np.empty(starts.size, np.int64)
+        _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used)
         L = float(top.sum() + mu @ q.capacity)
         if L < best[0]:
             best = (L, mu.copy(), first)
-        used = np.bincount(q.pool[first], weights=q.weight[first], minlength=P)
         g = (q.capacity - used) / cap  # a subgradient of L, per unit of capacity
         if not (g < 0).any() and not ((mu > 0) & (g > 0)).any():
             break  # complementary slackness: these prices are optimal for the relaxation
@@ -229,16 +349,19 @@ def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
     first, then those with two, ..., each class in priority order, each in the pool the prices chose, else its witness, else
     any other with room; if that fails, the admission witnesses moved toward the prices' choice
     (:func:`_from_witness`)."""
-    out = {int(q.job[x]): int(q.pool[x]) for x in picks.tolist()}
+    out = dict(zip(q.job[picks].tolist(), q.pool[picks].tolist(), strict=True))
     room = [int(c.capacity) for c in q.cands]
     P = len(room)
     # the most constrained first (jobs with one pool, then two, ...), each class in priority order
-    order = sorted(q.witness, key=lambda j: (int((q.minc[j] > 0).sum()), j))
+    npools = (q.minc > 0).sum(axis=1).tolist()
+    order = sorted(q.witness, key=lambda j: (npools[j], j))
+    minc = q.minc.tolist()
     for j in order:
+        mj = minc[j]
         prefer = [out.get(j, q.witness[j]), q.witness[j]] + list(range(P))
         for i in prefer:
-            if q.minc[j, i] > 0 and q.minc[j, i] <= room[i]:
-                room[i] -= int(q.minc[j, i])
+            if 0 < mj[i] <= room[i]:
+                room[i] -= mj[i]
                 out[j] = i
                 break
         else:
@@ -274,56 +397,80 @@ def _from_witness(q: PoolQ, prices: dict[int, int]) -> dict[int, int]:
     return out
 
 
-def _solve_pool(q: PoolQ, i: int, assign: dict[int, int], placement: bool, name: str):
-    """Pool ``i``'s exact DP for the jobs assigned to it; returns its Allocation (sub-problem ids)."""
+def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str):
+    """Pool ``i``'s exact DP for the jobs assigned to it (``assign``: pool per problem job, -1 none);
+    returns ``(its knapsack, the choice, its value)`` (:func:`_answers` turns the kept one into answers)."""
     c = q.cands[i]
-    inv = {k: j for j, k in q.local[i].items()}
-    keep_jobs, pieces_idx, weights, values = [], [], [], []
+    gj = q.dp_job[i]
+    standing = np.asarray(q.standing, np.int64)
+    take = (assign[gj] == i) & (standing[gj] > 0) if gj.size else np.zeros(0, bool)
     status = list(c.status)
     reasons = dict(c.reasons)
-    capacity = int(c.capacity)
-    for p, k in enumerate(c.dp_jobs.tolist()):
-        j = inv[k]
-        lo, hi = int(c.offsets[p]), int(c.offsets[p + 1])
-        if assign.get(j) != i or not q.standing[j]:
-            status[k] = NOT_ADMITTED
-            reasons.setdefault(k, q.reasons.get(j, "in another pool"))
-            continue
-        s = q.scale.get((j, i), 1.0)
-        idx = np.arange(lo, hi)
-        counts = c.cols[0, lo:hi].astype(np.int64)
-        w = c.weights[lo:hi].astype(np.int64)
-        v = c.values[lo:hi] * np.where(counts > 0, s, 1.0)
-        if c.status[k] == OPTIONAL and q.standing[j] == REQUIRED:
-            nz = counts > 0
-            idx, v, w = idx[nz], v[nz], counts[nz] - counts[nz][0]
-            capacity -= int(counts[nz][0])
+    dp_k = c.dp_jobs
+    for p in np.flatnonzero(~take).tolist():
+        k = int(dp_k[p])
+        status[k] = NOT_ADMITTED
+        reasons.setdefault(k, q.reasons.get(int(gj[p]), "in another pool"))
+    # a REQUIRED job that was OPTIONAL in the pool's candidates: its minimum is reserved, its zero
+    # choice dropped, its weights counted from its minimum
+    st_k = np.asarray(c.status, np.int64)[dp_k] if dp_k.size else np.zeros(0, np.int64)
+    req_opt = take & (st_k == OPTIONAL) & (standing[gj] == REQUIRED)
+    lens = np.diff(c.offsets)
+    pos = np.repeat(np.arange(lens.size), lens)
+    counts = c.cols[0].astype(np.int64)
+    s = np.where(q.minc[gj, i] > 0, q.sc[gj, i], 1.0) if gj.size else np.zeros(0)
+    keep_item = take[pos] & ~(req_opt[pos] & (counts == 0))
+    flat = np.flatnonzero(keep_item)
+    kp = pos[flat]
+    kc = counts[flat]
+    values = c.values[flat] * np.where(kc > 0, s[kp], 1.0)
+    n_kept = np.bincount(kp, minlength=lens.size)[take]
+    offsets = np.zeros(n_kept.size + 1, np.int64)
+    np.cumsum(n_kept, out=offsets[1:])
+    base = np.zeros(lens.size, np.int64)
+    ro = np.flatnonzero(req_opt)
+    if ro.size:
+        first = offsets[:-1][np.searchsorted(np.flatnonzero(take), ro)]
+        base[ro] = kc[first]
+        for k in dp_k[ro].tolist():
             status[k] = ADMITTED
-        keep_jobs.append(k)
-        pieces_idx.append(idx)
-        weights.append(w)
-        values.append(v)
-    lens = np.array([x.size for x in pieces_idx], np.int64)
-    offsets = np.zeros(lens.size + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    flat = np.concatenate(pieces_idx) if pieces_idx else np.zeros(0, np.int64)
+    weights = np.where(req_opt[kp], kc - base[kp], c.weights[flat].astype(np.int64))
+    keep_jobs = dp_k[take]
+    capacity = int(c.capacity) - int(base.sum())
     sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
-                  dp_jobs=np.array(keep_jobs, np.int64), offsets=offsets,
-                  weights=np.concatenate(weights) if weights else np.zeros(0, np.int64),
-                  values=np.concatenate(values) if values else np.zeros(0),
-                  cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat])
-    if not keep_jobs:
+                  dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
+                  cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat],
+                  factor=c.factor[take] if c.factor is not None else None)
+    if not keep_jobs.size:
         chosen = np.zeros(0, np.int64)
     elif placement:
         chosen = solve_placeable(sub)
     else:
         chosen = mckp(sub.offsets, sub.weights, sub.values, sub.capacity)[1]
-    return build_allocation(sub, chosen, name, 0.0)
+    return sub, chosen, float(sub.values[chosen].sum()) if chosen.size else 0.0
 
 
-def _solve_all(q: PoolQ, assign, placement, name):
-    allocs = [_solve_pool(q, i, assign, placement, name) for i in range(len(q.cands))]
-    return allocs, sum(a.objective for a in allocs)
+def _solve_all(q: PoolQ, assign, placement, name, memo: dict | None = None):
+    a = np.full(len(q.standing), -1, np.int64)
+    for j, i in assign.items():
+        a[j] = i
+    a[np.asarray(q.standing, np.int64) == 0] = -1
+    parts = []
+    for i in range(len(q.cands)):
+        key = (i, (a == i).tobytes())
+        if memo is None or key not in memo:
+            part = _solve_pool(q, i, a, placement, name)
+            if memo is None:
+                parts.append(part)
+                continue
+            memo[key] = part
+        parts.append(memo[key])
+    return parts, sum(p[2] for p in parts)
+
+
+def _answers(parts, name: str):
+    """Each pool's answer (sub-problem ids) for the jobs assigned to it."""
+    return [build_allocation(sub, chosen, name, 0.0, sub.dp_jobs.tolist()) for sub, chosen, _ in parts]
 
 
 def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "priority",
@@ -333,32 +480,44 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
     t0 = time.perf_counter()
     q = build_q(problem, candidates, admission=admission, starvation_s=starvation_s, objective=objective)
     multi: dict[int, list[int]] = {}
-    if q.job.size:
-        P = q.capacity.size
-        pairs = np.unique(q.job * P + q.pool)  # sorted: by job, then pool
-        pj, pp = (pairs // P).tolist(), (pairs % P).tolist()
-        for j, i in zip(pj, pp, strict=True):
-            multi.setdefault(j, []).append(i)
-        multi = {j: v for j, v in multi.items() if len(v) > 1}
-    combos = math.prod(len(v) for v in multi.values()) if multi else 1
-    bound, _, picks = lagrangian(q, iters=iters)
+    combos = 1.0
+    if q.job.size:  # items are sorted by job, then pool: each (job, pool) is one run of items
+        step = np.flatnonzero((q.job[1:] != q.job[:-1]) | (q.pool[1:] != q.pool[:-1])) + 1
+        first = np.r_[0, step]
+        pj, pp = q.job[first], q.pool[first]
+        npools = np.bincount(pj, minlength=len(q.standing))
+        several = npools[npools > 1]
+        combos = float(np.prod(several.astype(np.float64))) if several.size else 1.0  # inf when huge
+        if combos <= enumerate_limit:
+            for j, i in zip(pj.tolist(), pp.tolist(), strict=True):
+                if npools[j] > 1:
+                    multi.setdefault(j, []).append(i)
+    searches = [subgradient_prices(q, iters=iters), lagrangian(q, iters=iters)]
+    bound = min(x[0] for x in searches)
+    picks = searches[0][2]
     if combos <= enumerate_limit:
-        best = None
+        best, memo = None, {}
         fixed = {int(q.job[x]): int(q.pool[x]) for x in (picks.tolist() if picks is not None else [])}
         for choice in itertools.product(*multi.values()):
             assign = dict(fixed)
             assign.update(zip(multi, choice, strict=True))
             if not _min_fits(q, assign):
                 continue
-            allocs, obj = _solve_all(q, assign, placement, name)
+            allocs, obj = _solve_all(q, assign, placement, name, memo)
             if best is None or obj > best[1] + 1e-12:
                 best = (allocs, obj, assign)
         allocs, obj, assign = best
         if not placement:
             bound = obj  # every assignment tried, each pool exact: Q's optimum
-    else:
-        assign = _assign(q, picks) if picks is not None else dict(q.witness)
-        allocs, obj = _solve_all(q, assign, placement, name)
+    else:  # each search's assignment (pools solved once per distinct set of jobs); the better answer
+        best, memo = None, {}
+        for _, _, picks in searches:
+            assign = _assign(q, picks) if picks is not None else dict(q.witness)
+            allocs, obj = _solve_all(q, assign, placement, name, memo)
+            if best is None or obj > best[1] + 1e-12:
+                best = (allocs, obj, assign)
+        allocs, obj, assign = best
+    allocs = _answers(allocs, name)
     out: dict = {}
     for j, req in enumerate(problem.jobs):
         i = assign.get(j)

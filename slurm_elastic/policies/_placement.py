@@ -90,20 +90,22 @@ class _Free:
         return n >= nodes
 
     def take(self, nodes: int, gpn: int) -> tuple[str, ...] | None:
-        if not self.fits(nodes, gpn):
+        size, free = self.size, self.free
+        if not 1 <= gpn <= size or sum(self.count[gpn:]) < nodes:
             return None
         got: list[str] = []
-        for f in range(gpn, self.size + 1):
+        for f in range(gpn, size + 1):
             h = self.heaps[f]
             while len(got) < nodes and h:
                 n = heapq.heappop(h)
-                if self._b(self.free[n]) != f or n in got:
+                x = free[n]
+                if (x if 0 <= x <= size else (0 if x < 0 else size)) != f or n in got:
                     continue  # stale entry
                 got.append(n)
             if len(got) == nodes:
                 break
         for n in got:
-            self._move(n, self.free[n] - gpn)
+            self._move(n, free[n] - gpn)
         return tuple(got)
 
     def add(self, names, gpn: int, sign: int = 1) -> None:

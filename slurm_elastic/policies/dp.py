@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from slurm_elastic.policies._candidates import Candidates, build_allocation, make_candidates
+from slurm_elastic.policies._candidates import Candidates, build_allocation, gc_paused, make_candidates
 from slurm_elastic.policies._mckp import mckp
 from slurm_elastic.policies._placement import solve_placeable
 from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
@@ -78,6 +78,10 @@ class DPPolicy(Policy):
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
+        with gc_paused():
+            return self._allocate(problem)
+
+    def _allocate(self, problem: AllocationProblem) -> Allocation:
         if len(problem.pools) > 1:  # several pools (issue 13): policies/_multipool.py
             from slurm_elastic.policies._multipool import allocate_pools
 

@@ -163,3 +163,57 @@ def test_pollux_dp_dispatches_to_the_pools_too():
         for req in prob.jobs:
             x = a.jobs[req.job_id]
             assert not x.gpus or x.pool in req.pools
+
+
+@pytest.mark.parametrize("admission", ["joint", "priority"])
+def test_second_price_search_never_worsens_the_answer_or_the_bound(admission, monkeypatch):
+    """Both price searches' assignments are solved and the better kept, the bound is the lower: against
+    the subgradient search alone (the module's first and only one before), on the Lagrangian path."""
+    import slurm_elastic.policies._multipool as mp
+
+    rng = random.Random(31)
+    joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective="completion")
+    seen = []
+    for _ in range(20):
+        prob = instance(rng)
+        both = allocate_pools(prob, joint.candidates, admission=admission, objective="completion", enumerate_limit=0)
+        with monkeypatch.context() as m:
+            m.setattr(mp, "lagrangian", mp.subgradient_prices)
+            alone = allocate_pools(prob, joint.candidates, admission=admission, objective="completion",
+                                   enumerate_limit=0)
+        q = build_q(prob, joint.candidates, admission=admission, objective="speedup")
+        assert lagrangian(q)[0] >= q_milp(q) - 1e-9  # the bisection search's bound is a bound too
+        assert both.objective >= alone.objective - 1e-9
+        assert both.bound <= alone.bound + 1e-9
+        seen.append((both.objective - alone.objective, alone.bound - both.bound))
+    print(f"{admission}: objective gained on {sum(a > 1e-9 for a, _ in seen)}/20, bound tightened on "
+          f"{sum(b > 1e-9 for _, b in seen)}/20")
+
+
+def test_allocation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
+    import gc
+
+    import slurm_elastic.policies.dp as dpmod
+
+    prob = instance(random.Random(2))
+    single = replace(prob, pools=(), node_capacity=None)
+    states = []
+    real = dpmod.make_candidates
+
+    def spy(*a, **k):
+        states.append(gc.isenabled())
+        return real(*a, **k)
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    assert gc.isenabled()
+    monkeypatch.setattr(dpmod, "make_candidates", spy)
+    DPPolicy().allocate(prob)  # several pools
+    DPPolicy().allocate(single)
+    assert len(states) > 1 and not any(states)  # off while the policy built its candidates
+    assert gc.isenabled()
+    monkeypatch.setattr(dpmod, "make_candidates", boom)
+    with pytest.raises(RuntimeError):
+        DPPolicy().allocate(single)
+    assert gc.isenabled()  # back on after a failing allocation too
