@@ -72,6 +72,11 @@ class GavelModel(ThroughputModel):
         self._curves: dict[bool, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = {}
         for consolidated in (True, False):
             by_k = tab.get((gpu, slug, consolidated)) or tab[(gpu, slug, True)]
+            # A 0.0 in Gavel's table is a configuration it did not measure (k80 resnet50 at batch 128 on
+            # 2-8 GPUs, though 1 GPU ran it): left out, as any unmeasured batch, not an infinite step time
+            # (which made samples/s NaN).
+            by_k = {k: {b: t for b, t in d.items() if t > 0} for k, d in by_k.items()}
+            by_k = {k: d for k, d in by_k.items() if d}
             ks = np.array(sorted(by_k), dtype=np.float64)
             curves = []
             for k in ks:

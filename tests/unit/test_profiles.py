@@ -175,3 +175,21 @@ def test_goodput_objective_picks_a_smaller_batch():
     thr = get_policy("dp", objective="throughput").allocate(prob).jobs[0]
     good = get_policy("dp", objective="goodput").allocate(prob).jobs[0]
     assert good.batch < thr.batch and good.samples_per_s <= thr.samples_per_s
+
+
+def test_every_gavel_profile_gives_finite_positive_throughput():
+    # Gavel's table has 0.0 for configurations it did not measure (k80 resnet50, batch 128 on 2-8 GPUs);
+    # read as a measurement, it made the step time infinite and samples/s NaN.
+    import numpy as np
+
+    from slurm_elastic.profiles.gavel import GavelModel, gavel_profile_names
+
+    lbs = np.array([1.0, 8.0, 16.0, 64.0, 100.0, 128.0, 256.0, 512.0])
+    for name in gavel_profile_names():
+        _, gpu, model = name.split(".", 2)
+        g = GavelModel(gpu, model)
+        for k in range(1, g.max_gpus + 1):
+            for nodes in (1, 2):
+                for accum in (1, 3):
+                    v = g.samples_per_s_array(k, nodes, lbs, accum)
+                    assert np.isfinite(v).all() and (v > 0).all(), (name, k, nodes, accum, v)
