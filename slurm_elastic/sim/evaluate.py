@@ -40,7 +40,9 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:objective=pnorm", "dp, objective pnorm (p = -1, speedup over minimum)"),
             ("dp:noprogress", "dp (completion) when jobs report no progress (attained service instead)"),
             ("dp:admission=priority", "dp, priority admission (every pending job whose minimum fits starts)"),
-            ("dp:restart_margin=1,tenure=0,backoff=0", "dp, rescale stability off (restart over min(horizon, remaining))"))
+            ("dp:round_trip=0", "dp, grows without the round trip (a grow pays its own restart only)"),
+            ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
+             "dp, rescale stability off (restart over min(horizon, remaining))"))
 
 
 def _policy(spec: str):
@@ -176,7 +178,7 @@ def _mean(xs):
 
 def _objective_verdict(R: dict) -> str:
     """Which measured variant is best on each figure (only variants with all 5 workloads run)."""
-    cands = {"completion (default)": "dp", **{label.split(",")[1].strip() if "," in label else label: spec
+    cands = {"completion (default)": "dp", **{label.split(",", 1)[1].strip() if "," in label else label: spec
                                              for spec, label in VARIANTS}}
     full = {lab: [R[("goodput", sp, "workloads", n)] for n in range(1, 6)] for lab, sp in cands.items()
             if all(("goodput", sp, "workloads", n) in R for n in range(1, 6))}
@@ -315,7 +317,8 @@ same program.
 PEERS_NOTE = """
 - `dp`: goodput tables (throughput x efficiency from the job's reported noise scale, else its app's
   measured table, else a conservative efficiency), objective `completion` (below), joint admission,
-  a rescale only when it pays for itself 8 times over its expected life (below), exact knapsack,
+  a rescale only when it pays for itself 8 times over its expected life, a grow paying for its way
+  back too (below), exact knapsack,
   made placeable on the nodes (replay in the planner's order, one capped re-solve on small problems, repair) (`policies/_placement.py`).
 - `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, restart
   penalty -- solved exactly by the same DP and placement (not Pollux's genetic algorithm).
@@ -334,8 +337,10 @@ except that a job pending `starvation_s` (1 h) is admitted first and holds the l
 wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps only
 `1 - 8 x restart_s / life` of the new size's value, `life` the least of the horizon, the time the job
 still needs at its current size and the time it has held its current size (what the last size lasted
-is the best guess of what the next will; a job just resized, or about to finish, stays as it is). The
-rows above measure each of these against an alternative; the verdict below is computed from this
+is the best guess of what the next will; a job just resized, or about to finish, stays as it is), and a
+grow also pays that share of the job's value at its minimum (`round_trip`): the GPUs a grow takes are
+the ones the next admission reclaims, and a reclaimed job goes back to its minimum, a second restart
+that the grow causes. The rows above measure each of these against an alternative; the verdict below is computed from this
 generation's table, not written by hand.
 """
 
