@@ -208,10 +208,10 @@ def document(R: dict, minutes: float) -> str:
             rows.append([f"{folder}/workload-{n}", f"{pub[n - 1]:.3f}", h(d and d["avg_jct_s"]),
                          "yes" if d and d["avg_jct_s"] / 3600 <= pub[n - 1] else ("no" if d else "-"),
                          h(fb and fb["avg_jct_s"]),
-                         f"{d['avg_jct_s'] / fb['avg_jct_s']:.2f}" if d and fb else "-",
+                         f"{d['avg_jct_s'] / fb['avg_jct_s']:.3f}" if d and fb else "-",
                          f"{d['placed_over_planned']:.3f}" if d else "-",
-                         f"{d['rescales_per_job']:.2f}" if d else "-",
-                         f"{px['rescales_per_job']:.2f}" if px else "-"])
+                         f"{d['rescales_per_job']:.3f}" if d else "-",
+                         f"{px['rescales_per_job']:.3f}" if px else "-"])
         ds = [R.get(("goodput", "dp", folder, n)) for n in range(1, 6)]
         fbs = [R.get(("goodput", "fixed-batch", folder, n)) for n in range(1, 6)]
         pxs = [R.get(("goodput", "pollux-dp", folder, n)) for n in range(1, 6)]
@@ -221,9 +221,9 @@ def document(R: dict, minutes: float) -> str:
             rows.append([f"**{folder} mean**", f"{sum(pub) / 5:.3f}", f"{mean:.3f}",
                          (f"{100 * (1 - mean / (sum(pub) / 5)):.1f}% below Pollux" if mean <= sum(pub) / 5
                           else f"{100 * (mean / (sum(pub) / 5) - 1):.1f}% above Pollux"), f"{fbm:.2f}" if fbm else "",
-                         f"{mean / fbm:.2f}" if fbm else "", "",
-                         f"{_mean([x['rescales_per_job'] for x in ds]):.2f}",
-                         f"{_mean([x['rescales_per_job'] for x in pxs]):.2f}" if all(pxs) else ""])
+                         f"{mean / fbm:.3f}" if fbm else "", "",
+                         f"{_mean([x['rescales_per_job'] for x in ds]):.3f}",
+                         f"{_mean([x['rescales_per_job'] for x in pxs]):.3f}" if all(pxs) else ""])
     out.append("## 1. The default policy against Pollux's published figures\n")
     out.append(report.markdown_table(["workload", "Pollux (published) avg JCT h", "dp avg JCT h", "dp <= Pollux",
                                       "fixed-batch avg JCT h", "dp / fixed-batch", "dp placed / planned",
@@ -318,12 +318,13 @@ PEERS_NOTE = """
 - `dp`: goodput tables (throughput x efficiency from the job's reported noise scale, else its app's
   measured table, else a conservative efficiency), objective `completion` (below), joint admission,
   a rescale only when it pays for itself 8 times over its expected life, a grow paying for its way
-  back too (below), exact knapsack,
-  made placeable on the nodes (replay in the planner's order, one capped re-solve on small problems, repair) (`policies/_placement.py`).
+  back too (below), exact knapsack, made placeable on the nodes (replay in the planner's order, one
+  capped re-solve on small problems, repair) (`policies/_placement.py`).
 - `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, restart
   penalty -- solved exactly by the same DP and placement (not Pollux's genetic algorithm).
 - `fixed-batch`: elastic GPU count at the requested batch, greedy by marginal gain (the paper's baseline).
-- `tiresias`: 2D-LAS over attained GPU-seconds (two queues, threshold 1 GPU-hour), rigid sizes, preemptive.
+- `tiresias`: 2D-LAS over attained GPU-seconds (two queues, threshold 1 GPU-hour), rigid sizes, preemptive;
+  a start that has no placement on the nodes is passed (replayed as the planner places it).
 - `static`: FIFO at the requested GPUs and batch, never resized.
 """
 
@@ -340,8 +341,8 @@ still needs at its current size and the time it has held its current size (what 
 is the best guess of what the next will; a job just resized, or about to finish, stays as it is), and a
 grow also pays that share of the job's value at its minimum (`round_trip`): the GPUs a grow takes are
 the ones the next admission reclaims, and a reclaimed job goes back to its minimum, a second restart
-that the grow causes. The rows above measure each of these against an alternative; the verdict below is computed from this
-generation's table, not written by hand.
+that the grow causes. The rows above measure each of these against an alternative; the verdict below
+is computed from this generation's table, not written by hand.
 """
 
 SAMPLES_NOTE = """
