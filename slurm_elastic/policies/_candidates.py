@@ -23,8 +23,10 @@ Admission (the first two objectives, lexicographic, before any optimisation):
    ``completion`` objective, :func:`_scale`); for a running job, any count other than its current
    one is multiplied by ``1 - share``, the share of the new size's expected life a restart costs
    (:func:`_restart_share`: restart_s / min(horizon, remaining time), times a margin, over the time
-   it has held its size with ``tenure``). Keeping the current count (and batch) costs nothing;
-   re-batching on the same count pays the restart too.
+   it has held its size with ``tenure``). With ``round_trip`` a grow also pays that share of the
+   job's value at its minimum: the restart back when its GPUs are reclaimed (see make_candidates).
+   Keeping the current count (and batch) costs nothing; re-batching on the same count pays the
+   restart too.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Candidates:
     keep: np.ndarray  # per flat choice: keeps the running count and batch (no restart)
     current: dict[int, float | None]  # current samples/s of running jobs
     factor: np.ndarray | None = None  # per optimised job: the value kept by a rescale (1 - restart share)
+    gross: np.ndarray | None = None  # per flat choice: its value before any restart charge
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -93,12 +96,19 @@ def make_candidates(
     restart_margin: float = 1.0,
     tenure: bool = False,
     backoff: float = 0.0,
+    round_trip: bool = False,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
     choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
     (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum.
-    ``restart_margin``, ``tenure``: how a rescale must pay for itself (:func:`_restart_share`)."""
+    ``restart_margin``, ``tenure``: how a rescale must pay for itself (:func:`_restart_share`).
+    ``round_trip``: a grow pays for its way back too. The GPUs a grow takes are the ones the next
+    admission or grow of a higher-value job reclaims, and a reclaimed job goes back to its minimum
+    (measured on the Pollux traces under ``completion``: 80-90% of shrinks end at the job's minimum);
+    that second restart costs the restart share of the job's value at its minimum, charged to the
+    grow that causes it, as its own restart is (docs/ALGORITHM.md). Shrinks are charged as before:
+    a shrink made for a new job is worth its value now, the grow back pays its own round trip."""
     if admission not in ADMISSIONS:
         raise ValueError(f"admission must be one of {ADMISSIONS}, not {admission!r}")
     if objective not in OBJECTIVES:
@@ -212,7 +222,14 @@ def make_candidates(
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
     speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
     scale = np.repeat(_scale(objective, wt, remaining), lens_a)
-    values = choice_values(objective, speedup * pen, scale, counts > 0, p)
+    net = speedup * pen
+    if round_trip and dp_list:
+        at_min = np.array([float(tabs[j].value[0]) / refs[j] if len(tabs[j]) and refs[j] > 0 else 0.0
+                           for j in dp_list])
+        back = np.repeat((1.0 - factor) * at_min, lens_a)
+        net = np.where((r_rep > 0) & (counts > r_rep), np.maximum(net - back, 0.0), net)
+    values = choice_values(objective, net, scale, counts > 0, p)
+    gross = choice_values(objective, speedup, scale, counts > 0, p)
     weights = np.where(counts > 0, counts - np.repeat(np.array(base, dtype=np.int64), lens_a), 0)
     keep = np.zeros(values.size, dtype=bool)
     current: dict[int, float | None] = {}
@@ -241,7 +258,7 @@ def make_candidates(
         if running[j] > 0 and j not in current:
             current[j] = current_samples_per_s(jobs[j], ns)
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
-                      current, factor)
+                      current, factor, gross)
 
 
 @contextmanager
@@ -395,7 +412,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
 
 def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> np.ndarray:
     """Per optimised job: would a reachable other count be better but for the restart cost (what a kept
-    job's reason says)? One pass over every choice."""
+    job's reason says)? One pass over every choice, on the values before any restart charge."""
     n = plan.dp_jobs.size
     if not n or not chosen_flat.size:
         return np.zeros(n, bool)
@@ -406,34 +423,30 @@ def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> 
     lens = np.diff(plan.offsets)
     pos = np.repeat(np.arange(n), lens)
     c = chosen_flat[pos]
-    fr = f[pos]
     with np.errstate(divide="ignore", invalid="ignore"):
+        gross = plan.gross if plan.gross is not None else plan.values / f[pos]
         others = ((np.arange(pos.size) != c) & (plan.weights <= plan.weights[c] + spare) & (plan.cols[0] > 0)
-                  & (plan.values / fr > plan.values[c] + 1e-12))
+                  & (gross > plan.values[c] + 1e-12))
     return (np.bincount(pos[others], minlength=n) > 0) | (f <= 0)
 
 
 def _kept_reason(plan: Candidates, p: int, c: int, spare: int) -> str:
-    """Why a kept job whose other sizes would be better but for the restart keeps its size: which size, its
-    gain, and the restart share it would lose (``status`` shows it). Only for the few such jobs."""
+    """Why a kept job whose other sizes would be better but for the restart keeps its size: which size and
+    its gain before the restart charge (``status`` shows it). Only for the jobs _better_elsewhere picks."""
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
     req = plan.problem.jobs[int(plan.dp_jobs[p])]
     f = float(plan.factor[p]) if plan.factor is not None else 1.0 - restart_fraction(req, plan.problem)
-    w = plan.weights[lo:hi]
-    v = plan.values[lo:hi]
-    others = (np.arange(lo, hi) != c) & (w <= plan.weights[c] + spare) & (plan.cols[0, lo:hi] > 0)
-    if f <= 0:
-        better = others  # every rescale loses all its value: which size would win is moot
-    else:
-        raw = np.where(others, v / max(f, 1e-300), -np.inf)
-        better = raw > plan.values[c] + 1e-12
-    if not better.any():  # within float noise of _better_elsewhere's test
-        return "kept: gain below restart cost"
-    r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
-    if f <= 0 or plan.values[c] <= 0:
-        return f"kept: gain below restart cost (restart {float(r):.0f} s would cost all of a rescale's value)"
+    r = float(req.spec.restart_s if req.spec.restart_s is not None else req.restart_s)
+    whole = f"kept: gain below restart cost (a {r:.0f} s restart would cost all of a rescale's value)"
+    if plan.gross is None and f <= 0:
+        return whole
+    g = plan.gross[lo:hi] if plan.gross is not None else plan.values[lo:hi] / f
+    others = (np.arange(lo, hi) != c) & (plan.weights[lo:hi] <= plan.weights[c] + spare) & (plan.cols[0, lo:hi] > 0)
+    raw = np.where(others, g, -np.inf)
+    if not (raw > plan.values[c] + 1e-12).any() or plan.values[c] <= 0:
+        return whole if f <= 0 else "kept: gain below restart cost"
     best = int(np.argmax(raw))
     k = int(plan.cols[0, lo + best])
     gain = float(raw[best]) / float(plan.values[c]) - 1.0
-    return (f"kept: gain below restart cost ({k} GPU{'s' if k != 1 else ''} would be worth {gain:+.0%}, "
-            f"a restart of {float(r):.0f} s costs {1.0 - f:.0%})")
+    return (f"kept: gain below restart cost ({k} GPU{'s' if k != 1 else ''} would gain {gain:+.0%}, less than "
+            f"its {r:.0f} s restart costs over its expected life)")

@@ -423,7 +423,8 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     flat = np.flatnonzero(keep_item)
     kp = pos[flat]
     kc = counts[flat]
-    values = c.values[flat] * np.where(kc > 0, s[kp], 1.0)
+    sc = np.where(kc > 0, s[kp], 1.0)
+    values = c.values[flat] * sc
     n_kept = np.bincount(kp, minlength=lens.size)[take]
     offsets = np.zeros(n_kept.size + 1, np.int64)
     np.cumsum(n_kept, out=offsets[1:])
@@ -440,7 +441,8 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
                   dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
                   cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat],
-                  factor=c.factor[take] if c.factor is not None else None)
+                  factor=c.factor[take] if c.factor is not None else None,
+                  gross=c.gross[flat] * sc if c.gross is not None else None)
     if not keep_jobs.size:
         chosen = np.zeros(0, np.int64)
     elif placement:

@@ -39,7 +39,11 @@ class DPPolicy(Policy):
     over the new size's expected life (the least of the horizon, the job's remaining time and, with
     ``tenure``, how long it has held its current size): a job that was just resized, is about to
     finish or keeps being resized is left as it is unless the gain is large
-    (:func:`~slurm_elastic.policies._candidates._restart_share`). Defaults chosen by measurement.
+    (:func:`~slurm_elastic.policies._candidates._restart_share`). ``round_trip``: a grow also pays the
+    restart back to the job's minimum, where a job whose GPUs are reclaimed goes
+    (:func:`~slurm_elastic.policies._candidates.make_candidates`); off by default: it cuts rescales
+    by 5-10% but costs 2% of average and 11% of p95 JCT (docs/EVALUATION.md section 3). Defaults chosen
+    by measurement.
     """
 
     name = "dp"
@@ -48,7 +52,7 @@ class DPPolicy(Policy):
 
     def __init__(self, admission: str = "joint", starvation_s: float = 3600.0, objective: str = "completion",
                  placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
-                 backoff: float = 0.15):
+                 backoff: float = 0.15, round_trip: bool | str = False):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)
@@ -59,6 +63,11 @@ class DPPolicy(Policy):
                 raise ValueError(f"tenure must be a boolean, not {tenure!r}")
             tenure = tenure.lower() in ("1", "true", "yes")
         self.tenure = bool(tenure)
+        if isinstance(round_trip, str):  # "dp:round_trip=0"
+            if round_trip.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise ValueError(f"round_trip must be a boolean, not {round_trip!r}")
+            round_trip = round_trip.lower() in ("1", "true", "yes")
+        self.round_trip = bool(round_trip)
         self.backoff = float(backoff)
         if not 0 <= self.backoff < float("inf"):
             raise ValueError(f"backoff must be a finite number >= 0, not {backoff!r}")
@@ -75,7 +84,8 @@ class DPPolicy(Policy):
             from slurm_elastic.profiles.goodput import efficiency_for_request as eff
         return make_candidates(problem, fixed_batch=False, admission=self.admission,
                                starvation_s=self.starvation_s, efficiency=eff, objective=value,
-                               restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff)
+                               restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
+                               round_trip=self.round_trip)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         with gc_paused():

@@ -6,7 +6,12 @@ attained service in GPU-seconds (GPUs x time run, the "2D" of 2D-LAS), discretiz
 queue, first come first served. Every cycle the jobs are taken in that order and each gets its
 requested size while it fits (a job that does not fit is passed, as Tiresias's placement does); a
 running job that is not reached is preempted (checkpoint, requeue, hold): this policy needs the
-planner's preemption. A job's size never changes, so there are no grow/shrink rescales, only
+planner's preemption. "Fits" is on the nodes when the problem gives them (``node_capacity``): the
+order's choice is replayed the way the planner carries it out (preemptions free their nodes, then
+starts in queue order, best fit, ``policies._placement``); a start that finds no placement is passed
+and the order is taken again without it, so running jobs preempted only for it keep their GPUs and
+later jobs may use what it would have had. Sizes and order stay Tiresias's; only what is placeable
+starts. A job's size never changes, so there are no grow/shrink rescales, only
 preemptions. The objective reported is ``dp``'s weighted speedup at the requested size.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import time
 
+from slurm_elastic.policies._placement import _Free, _shape
 from slurm_elastic.policies._tables import allowed_counts, job_table
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy
 
@@ -31,9 +37,22 @@ class TiresiasPolicy(Policy):
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()
-        ns, cap = problem.node_size, problem.total_gpus
         jobs = problem.jobs
         order = sorted(range(len(jobs)), key=lambda j: (self._queue(jobs[j].attained_gpu_s), j))
+        passed: dict[int, str] = {}  # pending jobs with no placement on the nodes: passed
+        while True:
+            out, objective = self._las(problem, order, passed)
+            unplaced = _unplaceable(problem, out)
+            if not unplaced:
+                break
+            passed.update(unplaced)
+        ordered = {r.job_id: out[r.job_id] for r in jobs}
+        return Allocation(ordered, objective, time.perf_counter() - t0, self.name)
+
+    def _las(self, problem: AllocationProblem, order: list[int], passed: dict[int, str]):
+        """One pass of the 2D-LAS order over the GPU count; ``passed`` jobs stay pending."""
+        ns, cap = problem.node_size, problem.total_gpus
+        jobs = problem.jobs
         free = cap
         out: dict = {}
         objective = 0.0
@@ -44,6 +63,9 @@ class TiresiasPolicy(Policy):
                 k, b = req.running_gpus, req.running_batch or spec.requested_batch
             else:
                 k, b = spec.requested_gpus, spec.requested_batch
+            if j in passed:
+                out[req.job_id] = JobAllocation(req.job_id, 0, reason=passed[j])
+                continue
             if req.frozen and req.is_running:  # the planner will not touch it this cycle
                 free -= k
             split = spec.split_batch(k, b)
@@ -66,5 +88,36 @@ class TiresiasPolicy(Policy):
                 objective += req.weight * sps / float(ref_t.value[0])
             why = "kept (rigid)" if req.is_running else f"started: {k} GPUs as requested"
             out[req.job_id] = JobAllocation(req.job_id, k, nodes, b, local, accum, sps, why)
-        ordered = {r.job_id: out[r.job_id] for r in jobs}
-        return Allocation(ordered, objective, time.perf_counter() - t0, self.name)
+        return out, objective
+
+
+def _unplaceable(problem: AllocationProblem, out: dict) -> dict[int, str]:
+    """The pending jobs of ``out`` that the planner could not place: its order replayed on the per-node
+    free map (running jobs where they are, released-but-unplaced ones first, preemptions free their
+    nodes, then starts in queue order, best fit; as ``policies._placement._replay``). ``{}`` without
+    node data."""
+    if problem.node_capacity is None:
+        return {}
+    ns = problem.node_size
+    free = dict(problem.node_capacity)
+    for r in problem.jobs:
+        if r.running_gpus > 0 and r.nodes:
+            for n in r.nodes:
+                if n in free:
+                    free[n] -= r.gpus_per_node
+    fm = _Free(free, max(max(free.values(), default=0), ns))
+    starts = []
+    for j, r in enumerate(problem.jobs):
+        k = out[r.job_id].gpus
+        if r.running_gpus > 0 and not r.nodes:
+            fm.take(*_shape(r.spec, r.running_gpus, ns))
+        elif r.running_gpus > 0 and k == 0:
+            fm.add(r.nodes, r.gpus_per_node)
+        elif r.running_gpus <= 0 and k > 0:
+            starts.append((j, k))
+    bad = {}
+    for j, k in starts:
+        n, g = _shape(problem.jobs[j].spec, k, ns)
+        if fm.take(n, g) is None:
+            bad[j] = f"pending: no placement for {k} GPUs ({n} node{'s' if n > 1 else ''} x {g}) on the free nodes"
+    return bad

@@ -160,12 +160,15 @@ def _options(req, node_size, cap):
     return out
 
 
-def brute_policy(problem, starvation_s=3600.0, admission="priority", margin=None):
-    """The dp policy's objective by enumeration; ``margin``: the policy's restart margin (its default)."""
-    if margin is None:
-        from slurm_elastic.policies.dp import DPPolicy
+def brute_policy(problem, starvation_s=3600.0, admission="priority", margin=None, round_trip=None):
+    """The dp policy's objective by enumeration; ``margin``: the policy's restart margin (its default);
+    ``round_trip``: a grow also loses the restart share of the job's value at its minimum (its default)."""
+    from slurm_elastic.policies.dp import DPPolicy
 
+    if margin is None:
         margin = DPPolicy().restart_margin
+    if round_trip is None:
+        round_trip = DPPolicy().round_trip
     cap, ns = problem.total_gpus, problem.node_size
     opts = [_options(r, ns, cap) for r in problem.jobs]
     refs = [o[min(o)][0] if o else 0.0 for o in opts]
@@ -208,6 +211,8 @@ def brute_policy(problem, starvation_s=3600.0, admission="priority", margin=None
                 f = 1 - min(1.0, margin * r.restart_s / problem.horizon_s)
                 if k != r.running_gpus:
                     v *= f
+                    if round_trip and k > r.running_gpus:  # and the way back to its minimum (speedup 1)
+                        v = max(0.0, v - r.weight * (1 - f) * opts[j][min(opts[j])][0] / refs[j])
                 else:
                     local, acc = r.spec.split_batch(k, r.running_batch)
                     keep = r.model.samples_per_s(k, r.spec.placement(k, ns)[0], local, acc)

@@ -125,9 +125,11 @@ def _grow_case(**kw):
 
 def test_restart_margin_keeps_a_job_whose_gain_does_not_pay_for_the_restart():
     # 30 s restart, 120 s of life: 1 - 30/120 = 0.75 of the gain kept (grows); with margin 8: nothing
-    # kept, never worth it (the job stays and the reason says why)
-    grow = get_policy("dp", restart_margin=1.0).allocate(_grow_case(held_s=120.0))
+    # kept, never worth it (the job stays and the reason says why). One way only: with the round trip the
+    # grow also pays 0.25 of its value at 1 GPU for the way back, which this gain does not cover
+    grow = get_policy("dp", restart_margin=1.0, round_trip=False).allocate(_grow_case(held_s=120.0))
     assert grow.jobs[0].gpus > 1
+    assert get_policy("dp", restart_margin=1.0, round_trip=True).allocate(_grow_case(held_s=120.0)).jobs[0].gpus == 1
     kept = get_policy("dp", restart_margin=8.0).allocate(_grow_case(held_s=120.0))
     assert kept.jobs[0].gpus == 1 and kept.jobs[0].reason.startswith("kept: gain below restart cost ("), kept.jobs[0].reason
 
@@ -186,3 +188,30 @@ def test_auto_admission_is_priority_while_pending_minimums_fit_and_joint_when_th
     assert make_candidates(full, admission="auto").status == [ADMITTED, OPTIONAL, OPTIONAL]
     with pytest.raises(ValueError, match="admission"):
         make_candidates(full, admission="fifo")
+
+
+def test_round_trip_a_grow_pays_the_restart_back_to_its_minimum():
+    from slurm_elastic.policies._candidates import _restart_share
+
+    problem = _grow_case(held_s=900.0)
+    r = problem.jobs[0]
+    plain = get_policy("dp", round_trip=False).candidates(problem)
+    trip = get_policy("dp", round_trip=True).candidates(problem)
+    share = _restart_share(r, problem, None, 8.0, True, 0.15)  # life: held 900 s (1e6 samples left is longer)
+    lo, hi = int(plain.offsets[0]), int(plain.offsets[1])
+    ks = plain.cols[0, lo:hi]
+    at_min = float(plain.tables[0].value[0]) / float(plain.refs[0])  # speedup at its minimum: 1
+    grows = ks > 1
+    # the grow's value loses the restart share of the value at the minimum (completion: rank 1, weight 1)
+    assert np.allclose(trip.values[lo:hi][grows], plain.values[lo:hi][grows] - share * at_min)
+    assert np.allclose(trip.values[lo:hi][~grows], plain.values[lo:hi][~grows])  # keeping costs nothing
+    # never grows where the one-way charge would not, and some gains pay one restart but not two
+    differ = 0
+    for held in range(300, 3001, 100):
+        g_plain = get_policy("dp", round_trip=False).allocate(_grow_case(held_s=float(held))).jobs[0].gpus
+        g_trip = get_policy("dp", round_trip=True).allocate(_grow_case(held_s=float(held))).jobs[0].gpus
+        assert g_trip <= g_plain
+        differ += g_trip < g_plain
+    assert differ > 0
+    with pytest.raises(ValueError, match="round_trip"):
+        get_policy("dp", round_trip="maybe")

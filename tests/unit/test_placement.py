@@ -174,3 +174,37 @@ def test_no_node_map_means_no_change():
     _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
     assert np.array_equal(solve_placeable(cand), chosen)
     assert make_candidates(problem) is not None
+
+
+def test_tiresias_starts_only_what_places_and_keeps_jobs_preempted_for_nothing():
+    # 3 nodes x 4 GPUs, three 2-GPU jobs that have run (queue 1), one on each node; a new job (queue 0,
+    # first in 2D-LAS order) asks for 8 GPUs = 2 whole nodes. The GPU count says it fits (12 GPUs) once the
+    # last-served running job is preempted, but that frees one node only: no placement for it.
+    two = spec(gpus=2, batch=64)
+    big = spec(min_gpus=8, max_gpus=8, gpus=8, batch=256)
+    nodes = (("a", 4), ("b", 4), ("c", 4))
+    jobs = tuple(job(i, two, running=2, batch=64, nodes=(n,), gpus_per_node=2, attained_gpu_s=1e5 + i)
+                 for i, n in enumerate("abc")) + (job(3, big),)
+    problem = AllocationProblem(12, 4, jobs, node_capacity=nodes)
+    a = get_policy("tiresias").allocate(problem)
+    assert a.jobs[3].gpus == 0 and "no placement for 8 GPUs" in a.jobs[3].reason
+    assert [a.jobs[i].gpus for i in range(3)] == [2, 2, 2]  # none preempted for a start that cannot place
+    pool = get_policy("tiresias").allocate(AllocationProblem(12, 4, jobs))  # no node data: the count alone
+    assert pool.jobs[3].gpus == 8 and pool.jobs[2].gpus == 0
+    # where preempting does free whole nodes, it starts: the others on one node, two nodes free
+    packed = tuple(replace(r, nodes=("a",)) for r in jobs[:2]) + (replace(jobs[2], nodes=("b",)), jobs[3])
+    b = get_policy("tiresias").allocate(AllocationProblem(12, 4, packed, node_capacity=nodes))
+    assert b.jobs[3].gpus == 8 and [b.jobs[i].gpus for i in range(3)] == [2, 2, 0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tiresias_allocation_is_carried_out_in_full_on_fragmented_clusters(seed):
+    problem = _fragmented(seed, jobs=30, gpus=64)
+    a = get_policy("tiresias").allocate(problem)
+    views, free = _views(problem)
+    cfg = pl.PlannerConfig(cooldown_s=0.0, max_in_flight=10**6, allow_preemption=True, start_smaller=False)
+    p = pl.plan(a, views, {}, 0.0, capacity=problem.total_gpus, node_size=problem.node_size, config=cfg,
+                node_free=free)
+    started = {x.job_id: x.gpus for x in p.actions if x.kind == "start"}
+    wanted = {r.job_id: a.jobs[r.job_id].gpus for r in problem.jobs if not r.running_gpus and a.jobs[r.job_id].gpus}
+    assert started == wanted
