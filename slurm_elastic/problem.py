@@ -342,8 +342,9 @@ def build_problem(
             req, view, d = hit
             if d is not None:
                 decisions[r.job_id] = d
-            if view.status == PENDING and r.submit_time is not None:
-                req = replace(req, wait_s=max(0.0, now - r.submit_time))
+            if r.submit_time is not None:
+                age = max(0.0, now - r.submit_time)
+                req = replace(req, wait_s=age, age_s=age) if view.status == PENDING else replace(req, age_s=age)
             reqs.append(_with_info(req, r, job_info))
             views.append(view)
             continue
@@ -381,6 +382,7 @@ def build_problem(
             restart_s=measured_restart if measured_restart is not None else
             spec.restart_s if spec.restart_s is not None else default_restart_s,
             wait_s=wait,
+            age_s=max(0.0, now - r.submit_time) if r.submit_time is not None else None,
             noise_scale=getattr(model, "noise_scale", None),
             base_batch=getattr(model, "base_batch", None),
         )

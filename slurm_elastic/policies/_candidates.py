@@ -97,12 +97,16 @@ def make_candidates(
     tenure: bool = False,
     backoff: float = 0.0,
     round_trip: bool = False,
+    realloc: str = "share",
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
     choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
     (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum.
     ``restart_margin``, ``tenure``: how a rescale must pay for itself (:func:`_restart_share`).
+    ``realloc="pollux"``: instead, Pollux's re-allocation factor (OSDI'21 section 4.2),
+    ``max(0, (T - S d) / (T + d))`` with T the job's age, S its rescales so far and d its restart time
+    (:func:`_pollux_factor`; the share rule where the age is unknown).
     ``round_trip``: a grow pays for its way back too. The GPUs a grow takes are the ones the next
     admission or grow of a higher-value job reclaims, and a reclaimed job goes back to its minimum
     (measured on the Pollux traces under ``completion``: 80-90% of shrinks end at the job's minimum);
@@ -215,7 +219,10 @@ def make_candidates(
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
     remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
-    factor = np.array([1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff)
+    if realloc not in ("share", "pollux"):
+        raise ValueError(f"realloc must be 'share' or 'pollux', not {realloc!r}")
+    factor = np.array([(_pollux_factor(jobs[j]) if realloc == "pollux" and jobs[j].age_s is not None else
+                        1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff))
                        if running[j] > 0 else 1.0 for j in dp_list])
     r_rep = np.repeat(run_a, lens_a)
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
@@ -332,6 +339,15 @@ def _remaining_s(req, ref_value: float, horizon_s: float) -> float:
         return max(1.0, float(req.remaining_samples) / ref_value)
     kmin = max(1, req.spec.min_gpus)
     return max(horizon_s, req.attained_gpu_s / kmin)
+
+
+def _pollux_factor(req) -> float:
+    """Pollux's re-allocation factor: ``max(0, (T - S d) / (T + d))``, T the job's age (since submission),
+    S the re-allocations it has had, d its restart time. A young or often re-allocated job keeps little
+    of a rescale's value; an old one nearly all of it."""
+    d = float(req.spec.restart_s if req.spec.restart_s is not None else req.restart_s)
+    t = float(req.age_s)
+    return max(0.0, (t - int(req.rescales) * d) / (t + d)) if t + d > 0 else 0.0
 
 
 def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, tenure: bool = False,

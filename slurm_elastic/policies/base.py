@@ -38,6 +38,7 @@ class JobRequest:
     # The expected life of its next size: a rescale must pay for itself over it (policies/_candidates).
     held_s: float | None = None
     rescales: int = 0  # rescales it has had (the planner's books): each must pay for itself more
+    age_s: float | None = None  # time since submission (Pollux's re-allocation factor; None: unknown)
     nodes: tuple[str, ...] = ()  # nodes it holds now (running), for placement-aware policies
     gpus_per_node: int = 0
     # Pools it may run in (issue 13): names of ``AllocationProblem.pools``; () = every pool. A running

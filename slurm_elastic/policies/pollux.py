@@ -3,7 +3,8 @@
 Pollux maximises the p-norm (p = -1) of per-job goodput speedups, each relative to the job's goodput
 at its fair share of the GPUs, with a penalty on re-allocations; it searches with a genetic algorithm
 over placements. This peer keeps Pollux's objective and inputs -- goodput (throughput x statistical
-efficiency from each job's noise scale), p = -1, speedup over the fair share, the restart penalty --
+efficiency from each job's noise scale), p = -1, speedup over the fair share, Pollux's re-allocation
+factor ``(T - S d) / (T + d)`` (T the job's age, S its re-allocations, d the restart time) --
 and solves it with the exact knapsack of ``dp`` plus the same placement re-solve. It is not Pollux's
 code: no genetic algorithm, no interference avoidance; admission in priority order (a job at 0 GPUs
 would make Pollux's objective -inf, so every job whose minimum fits runs, as in Pollux).
@@ -35,10 +36,11 @@ class PolluxDPPolicy(Policy):
 
             def joint(sub):
                 return make_candidates(sub, admission="joint", starvation_s=float("inf"),
-                                       efficiency=efficiency_for_request, objective="pnorm", p=self.p, fair_ref=True)
+                                       efficiency=efficiency_for_request, objective="pnorm", p=self.p, fair_ref=True,
+                                       realloc="pollux")
             return allocate_pools(problem, joint, starvation_s=self.starvation_s, objective="pnorm", name=self.name)
         t0 = time.perf_counter()
         cand = make_candidates(problem, starvation_s=self.starvation_s, efficiency=efficiency_for_request,
-                               objective="pnorm", p=self.p, fair_ref=True)
+                               objective="pnorm", p=self.p, fair_ref=True, realloc="pollux")
         chosen = solve_placeable(cand)
         return build_allocation(cand, chosen, self.name, time.perf_counter() - t0)

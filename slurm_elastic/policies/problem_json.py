@@ -21,6 +21,7 @@ Format (``slurm-elastic solve PROBLEM.json``; an example is ``examples/problem.j
           "points": [[1, 128, 1100.0], [4, 512, 3900.0]],   # optional: (gpus, batch, samples/s)
           "running_gpus": 4, "running_batch": 512,           # optional: omitted = pending
           "restart_s": 45, "wait_s": 0,                      # optional
+          "age_s": 7200, "rescales": 1,                      # optional: since submission, rescales so far
           "nodes": ["node1"],                                # optional: the nodes a running job holds
           "pools": ["v100", "a100"], "pool": "v100",         # optional: pools it may use (default all),
                                                              #   the one a running job is in
@@ -48,7 +49,7 @@ from slurm_elastic.spec import MAX_GPUS_LIMIT, SpecError, ThroughputPoint, parse
 _TOP = {"total_gpus", "node_size", "horizon_s", "allow_preemption", "jobs", "policy", "options", "description",
         "nodes", "pools"}
 _JOB = {"id", "spec", "comment", "points", "running_gpus", "running_batch", "restart_s", "wait_s", "weight",
-        "profile", "nodes", "pools", "pool", "pool_points"}
+        "profile", "nodes", "pools", "pool", "pool_points", "age_s", "rescales"}
 _POOL = {"name", "gpu_type", "partitions", "nodes"}
 MAX_NODES = 1 << 20
 
@@ -237,7 +238,9 @@ def problem_from_dict(data: Any) -> AllocationProblem:
                        "restart_s", 0.0, 1e7)
         wait = _num(jd.get("wait_s", 0.0), jid, "wait_s", 0.0, 1e10)
         model = model_for_spec(spec, node_size, job_id=jid)
-        req = JobRequest(jid, spec, model, running, rb, restart, wait)
+        age = _num(jd["age_s"], jid, "age_s", 0.0, 1e10) if "age_s" in jd else None
+        rescales = _int(jd.get("rescales", 0), jid, "rescales", 0, 1 << 30)
+        req = JobRequest(jid, spec, model, running, rb, restart, wait, age_s=age, rescales=rescales)
         req = _placement_fields(req, jd, node_names, pool_by, node_size)
         jobs.append(req)
     return AllocationProblem(total, node_size, tuple(jobs), horizon, preempt, node_capacity=node_caps,

@@ -320,8 +320,9 @@ PEERS_NOTE = """
   a rescale only when it pays for itself 8 times over its expected life (below), exact knapsack,
   made placeable on the nodes (replay in the planner's order, one capped re-solve on small problems,
   repair) (`policies/_placement.py`).
-- `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, restart
-  penalty -- solved exactly by the same DP and placement (not Pollux's genetic algorithm).
+- `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, Pollux's
+  re-allocation factor (T - S d) / (T + d) (T age, S re-allocations, d restart) -- solved exactly by
+  the same DP and placement (not Pollux's genetic algorithm).
 - `fixed-batch`: elastic GPU count at the requested batch, greedy by marginal gain (the paper's baseline).
 - `tiresias`: 2D-LAS over attained GPU-seconds (two queues, threshold 1 GPU-hour), rigid sizes, preemptive;
   a start that has no placement on the nodes is passed (replayed as the planner places it).

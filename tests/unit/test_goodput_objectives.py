@@ -215,3 +215,25 @@ def test_round_trip_a_grow_pays_the_restart_back_to_its_minimum():
     assert differ > 0
     with pytest.raises(ValueError, match="round_trip"):
         get_policy("dp", round_trip="maybe")
+
+
+def test_pollux_dp_uses_pollux_reallocation_factor():
+    # Pollux (OSDI'21 4.2): a changed allocation keeps (T - S d) / (T + d) of its speedup, T the job's age,
+    # S its re-allocations so far, d its restart time (30 s here)
+    from slurm_elastic.policies._candidates import _pollux_factor
+
+    for age, n, want in [(60.0, 0, 60 / 90), (3600.0, 2, (3600 - 60) / 3630), (50.0, 2, 0.0)]:
+        problem = _grow_case(age_s=age, rescales=n)
+        assert _pollux_factor(problem.jobs[0]) == pytest.approx(want)
+        cand = make_candidates(problem, efficiency=efficiency_for_request, objective="pnorm", fair_ref=True,
+                               realloc="pollux")
+        assert cand.factor[0] == pytest.approx(want)
+    # young and often re-allocated: the grow is not worth it; old: it is
+    assert get_policy("pollux-dp").allocate(_grow_case(age_s=50.0, rescales=2)).jobs[0].gpus == 1
+    assert get_policy("pollux-dp").allocate(_grow_case(age_s=36000.0, rescales=0)).jobs[0].gpus == 4
+    # no age known (e.g. a problem file): the share rule, as before
+    plain = make_candidates(_grow_case(), efficiency=efficiency_for_request, objective="pnorm", fair_ref=True)
+    assert make_candidates(_grow_case(), efficiency=efficiency_for_request, objective="pnorm", fair_ref=True,
+                           realloc="pollux").factor[0] == pytest.approx(plain.factor[0])
+    with pytest.raises(ValueError, match="realloc"):
+        make_candidates(_grow_case(), realloc="genetic")
