@@ -5,7 +5,7 @@
 * ``dp`` -- the paper's optimizer: exact knapsack DP over GPU count and batch (:mod:`.dp`);
 * ``fixed-batch`` -- elastic GPU count at the requested batch, greedy as Optimus (:mod:`.fixed_batch`);
 * ``static`` -- FIFO gang scheduling at the requested GPUs and batch, never resized (:mod:`.static`);
-* ``pollux-dp`` -- Pollux's objective (goodput, p-norm p=-1, restart penalty) solved by our DP (:mod:`.pollux`);
+* ``pollux-dp`` -- Pollux's objective (goodput, p-norm p=-1, Pollux's re-allocation factor) solved by our DP (:mod:`.pollux`);
 * ``tiresias`` -- Tiresias's 2D-LAS, rigid sizes, preemptive (:mod:`.tiresias`).
 """
 
