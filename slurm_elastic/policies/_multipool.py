@@ -233,6 +233,16 @@ def _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used):
         used[pool[f]] += weight[f]
 
 
+def _price_arrays(q: PoolQ):
+    """The per-job item ranges and contiguous arrays (with scratch space) that :func:`_price_picks` reads."""
+    starts = np.flatnonzero(np.r_[True, q.job[1:] != q.job[:-1]])
+    ends = np.r_[starts[1:], q.job.size]
+    value = np.ascontiguousarray(q.value, np.float64)
+    weight = np.ascontiguousarray(q.weight, np.int64)
+    pool = np.ascontiguousarray(q.pool, np.int64)
+    return starts, ends, value, weight, pool, np.empty(starts.size), np.empty(value.size), np.empty(q.capacity.size)
+
+
 def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray]:
     """``(best bound L(mu), its prices mu, the item each job picks at those prices)``.
 
@@ -247,14 +257,7 @@ def lagrangian(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np.ndarray
     P = q.capacity.size
     if q.job.size == 0:
         return 0.0, np.zeros(P), np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.r_[True, q.job[1:] != q.job[:-1]])
-    ends = np.r_[starts[1:], q.job.size]
-    value = np.ascontiguousarray(q.value, np.float64)
-    weight = np.ascontiguousarray(q.weight, np.int64)
-    pool = np.ascontiguousarray(q.pool, np.int64)
-    top = np.empty(starts.size)
-    adj = np.empty(value.size)
-    used = np.empty(P)
+    starts, ends, value, weight, pool, top, adj, used = _price_arrays(q)
     cap = np.maximum(q.capacity.astype(np.float64), 1.0)
     total = float(q.capacity.sum())
     best: list = [math.inf, np.zeros(P), None]
@@ -316,8 +319,7 @@ def subgradient_prices(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np
     P = q.capacity.size
     if q.job.size == 0:
         return 0.0, np.zeros(P), np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.r_[True, q.job[1:] != q.job[:-1]])
-    ends = np.r_[starts[1:], q.job.size]
+    starts, ends, value, weight, pool, top, adj, used = _price_arrays(q)
     pos = q.weight > 0
     ratio = q.value[pos] / q.weight[pos]
     unit = float(np.median(np.abs(ratio))) if ratio.size else 1.0
@@ -325,12 +327,6 @@ def subgradient_prices(q: PoolQ, iters: int = 80) -> tuple[float, np.ndarray, np
     mu = np.zeros(P)
     best = (math.inf, mu.copy(), None)
     cap = np.maximum(q.capacity.astype(np.float64), 1.0)
-    value = np.ascontiguousarray(q.value, np.float64)
-    weight = np.ascontiguousarray(q.weight, np.int64)
-    pool = np.ascontiguousarray(q.pool, np.int64)
-    top = np.empty(starts.size)
-    adj = np.empty(value.size)
-    used = np.empty(P)
     for t in range(iters):
         first = np.empty(starts.size, np.int64)
         _price_picks(starts, ends, value, weight, pool, mu, adj, top, first, used)
