@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord, NodeRecord, PartitionRecord
 from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
-from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
+from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool, most_common_size
 from slurm_elastic.pools import (
     ElasticOnNode,
     KeptForRigid,
@@ -222,10 +222,7 @@ def _with_info(req: JobRequest, r: JobRecord, job_info: JobInfoFor | None) -> Jo
 
 
 def node_size_of(nodes: Iterable[NodeRecord]) -> int:
-    counts = Counter(n.gpus_total for n in nodes if n.gpus_total > 0)
-    if not counts:
-        return 0
-    return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    return most_common_size(n.gpus_total for n in nodes)
 
 
 def _priority_key(r: JobRecord):
@@ -342,9 +339,9 @@ def build_problem(
             req, view, d = hit
             if d is not None:
                 decisions[r.job_id] = d
-            if r.submit_time is not None:
+            if r.submit_time is not None:  # only the clock moves on: its age, and a pending job's wait
                 age = max(0.0, now - r.submit_time)
-                req = replace(req, wait_s=age, age_s=age) if view.status == PENDING else replace(req, age_s=age)
+                req = replace(req, age_s=age, wait_s=age if view.status == PENDING else req.wait_s)
             reqs.append(_with_info(req, r, job_info))
             views.append(view)
             continue
@@ -371,7 +368,8 @@ def build_problem(
         sps = 0.0
         if status == RUNNING and gpus > 0:
             sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
-        wait = max(0.0, now - r.submit_time) if (status == PENDING and r.submit_time is not None) else 0.0
+        age = max(0.0, now - r.submit_time) if r.submit_time is not None else None
+        wait = age if (status == PENDING and age is not None) else 0.0
         measured_restart = getattr(model, "restart_s", None)
         req = JobRequest(
             job_id=r.job_id,
@@ -382,7 +380,7 @@ def build_problem(
             restart_s=measured_restart if measured_restart is not None else
             spec.restart_s if spec.restart_s is not None else default_restart_s,
             wait_s=wait,
-            age_s=max(0.0, now - r.submit_time) if r.submit_time is not None else None,
+            age_s=age,
             noise_scale=getattr(model, "noise_scale", None),
             base_batch=getattr(model, "base_batch", None),
         )

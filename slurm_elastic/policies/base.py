@@ -7,6 +7,7 @@ the planner then turns the :class:`Allocation` into Slurm actions. Policies do n
 from __future__ import annotations
 
 import abc
+from collections import Counter
 from dataclasses import dataclass, field
 
 from slurm_elastic.profiles.base import ThroughputModel
@@ -74,6 +75,15 @@ class Pool:
     @property
     def total_gpus(self) -> int:
         return sum(g for _, g in self.node_capacity)
+
+
+def most_common_size(sizes) -> int:
+    """The node size a problem plans with: the most common positive GPU count among ``sizes``, the
+    larger on a tie; 0 when there is none."""
+    counts = Counter(g for g in sizes if g > 0)
+    if not counts:
+        return 0
+    return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from slurm_elastic.policies.base import Allocation, AllocationProblem, JobRequest, Pool
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobRequest, Pool, most_common_size
 from slurm_elastic.profiles import model_for_spec
 from slurm_elastic.spec import MAX_GPUS_LIMIT, SpecError, ThroughputPoint, parse_spec, validate_spec
 
@@ -116,12 +116,6 @@ def _node_map(v, field) -> tuple[tuple[str, int], ...]:
     return tuple((_name(n, None, f"{field}.{n}"), _int(g, None, f"{field}.{n}", 1)) for n, g in v.items())
 
 
-def _most_common_size(caps) -> int:
-    from collections import Counter
-
-    return Counter(g for _, g in caps).most_common(1)[0][0]
-
-
 def _pools(v) -> tuple[Pool, ...]:
     if not isinstance(v, list) or not v:
         raise SpecError("expected a non-empty list of pools", field="pools")
@@ -152,7 +146,7 @@ def _pools(v) -> tuple[Pool, ...]:
                 raise SpecError(f"node {n!r} is in pools {where[n]!r} and {name!r}: pools are disjoint",
                                 field=f"{f}.nodes")
             where[n] = name
-        out.append(Pool(name, gpu_type, parts, caps, _most_common_size(caps)))
+        out.append(Pool(name, gpu_type, parts, caps, most_common_size(g for _, g in caps)))
     return tuple(out)
 
 
@@ -176,7 +170,7 @@ def problem_from_dict(data: Any) -> AllocationProblem:
         if "total_gpus" in data and _int(data["total_gpus"], None, "total_gpus", 0) != total:
             raise SpecError(f"{data['total_gpus']} is not the {total} GPUs of the pools' nodes", field="total_gpus")
         node_size = _int(data["node_size"], None, "node_size", 1) if "node_size" in data else \
-            _most_common_size(node_caps)
+            most_common_size(g for _, g in node_caps)
     else:
         total = _int(data["total_gpus"], None, "total_gpus", 0)
         node_size = _int(data["node_size"], None, "node_size", 1)
