@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slurm_elastic.policies._tables import JobTable, current_samples_per_s, job_table, pct, restart_fraction
+from slurm_elastic.policies._tables import JobTable, current_samples_per_s, job_table, pct, restart_s
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation
 
 ADMITTED, NOT_ADMITTED, OPTIONAL = 1, 0, 2
@@ -64,8 +64,8 @@ class Candidates:
     cols: np.ndarray  # (7, n) per flat choice: counts, nodes, batch, local, accum, sps, value (0 = no GPUs)
     keep: np.ndarray  # per flat choice: keeps the running count and batch (no restart)
     current: dict[int, float | None]  # current samples/s of running jobs
-    factor: np.ndarray | None = None  # per optimised job: the value kept by a rescale (1 - restart share)
-    gross: np.ndarray | None = None  # per flat choice: its value before any restart charge
+    factor: np.ndarray  # per optimised job: the value kept by a rescale (1 - restart share)
+    gross: np.ndarray  # per flat choice: its value before any restart charge
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -345,7 +345,7 @@ def _pollux_factor(req) -> float:
     """Pollux's re-allocation factor: ``max(0, (T - S d) / (T + d))``, T the job's age (since submission),
     S the re-allocations it has had, d its restart time. A young or often re-allocated job keeps little
     of a rescale's value; an old one nearly all of it."""
-    d = float(req.spec.restart_s if req.spec.restart_s is not None else req.restart_s)
+    d = restart_s(req)
     t = float(req.age_s)
     return max(0.0, (t - int(req.rescales) * d) / (t + d)) if t + d > 0 else 0.0
 
@@ -358,7 +358,7 @@ def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, t
     the time it has held its current size (what the last size lasted is the best guess of what the
     next one will: a job whose size keeps changing must gain more before it changes again). ``backoff``:
     the margin grows by that share per rescale the job has had (``JobRequest.rescales``)."""
-    r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
+    r = restart_s(req)
     h = problem.horizon_s
     if req.remaining_samples is not None and cur_value:
         h = min(h, float(req.remaining_samples) / cur_value)
@@ -389,7 +389,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     s_l = sel[5].tolist()
     keep_l = plan.keep[chosen_flat].tolist()
     picked = {j: p for p, j in enumerate(plan.dp_jobs.tolist())}
-    better = _better_elsewhere(plan, chosen_flat, spare)
+    better, better_at = _better_elsewhere(plan, chosen_flat, spare)
     out: dict = {}
     for j in (range(len(jobs)) if only is None else only):
         req = jobs[j]
@@ -414,7 +414,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
             kmin = int(plan.tables[j].counts[0])
             reason = f"admitted: {k} GPU{'s' if k != 1 else ''}" + (f" (minimum {kmin})" if k > kmin else "")
         elif keep:
-            reason = _kept_reason(plan, p, int(chosen_flat[p]), spare) if better[p] \
+            reason = _kept_reason(plan, p, int(chosen_flat[p]), better_at) if better[p] \
                 else "kept: no reachable size is worth more"
         elif k > r:
             reason = f"grown {r}->{k}: {pct(sps, cur)}".rstrip(": ")
@@ -426,41 +426,32 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     return Allocation(out, objective, solve_s, policy)
 
 
-def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> np.ndarray:
-    """Per optimised job: would a reachable other count be better but for the restart cost (what a kept
-    job's reason says)? One pass over every choice, on the values before any restart charge."""
+def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> tuple[np.ndarray, np.ndarray]:
+    """Would a reachable other count be better but for the restart cost (what a kept job's reason says)?
+    One pass over every choice, on the values before any restart charge: per optimised job whether so,
+    and per choice whether it is such a count."""
     n = plan.dp_jobs.size
     if not n or not chosen_flat.size:
-        return np.zeros(n, bool)
-    if plan.factor is not None:
-        f = np.asarray(plan.factor, np.float64)
-    else:
-        f = np.array([1.0 - restart_fraction(plan.problem.jobs[j], plan.problem) for j in plan.dp_jobs.tolist()])
-    lens = np.diff(plan.offsets)
-    pos = np.repeat(np.arange(n), lens)
+        return np.zeros(n, bool), np.zeros(plan.values.size, bool)
+    pos = np.repeat(np.arange(n), np.diff(plan.offsets))
     c = chosen_flat[pos]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gross = plan.gross if plan.gross is not None else plan.values / f[pos]
-        others = ((np.arange(pos.size) != c) & (plan.weights <= plan.weights[c] + spare) & (plan.cols[0] > 0)
-                  & (gross > plan.values[c] + 1e-12))
-    return (np.bincount(pos[others], minlength=n) > 0) | (f <= 0)
+    better = ((np.arange(pos.size) != c) & (plan.weights <= plan.weights[c] + spare) & (plan.cols[0] > 0)
+              & (plan.gross > plan.values[c] + 1e-12))
+    return (np.bincount(pos[better], minlength=n) > 0) | (plan.factor <= 0), better
 
 
-def _kept_reason(plan: Candidates, p: int, c: int, spare: int) -> str:
+def _kept_reason(plan: Candidates, p: int, c: int, better: np.ndarray) -> str:
     """Why a kept job whose other sizes would be better but for the restart keeps its size: which size and
-    its gain before the restart charge (``status`` shows it). Only for the jobs _better_elsewhere picks."""
+    its gain before the restart charge (``status`` shows it). Only for the jobs _better_elsewhere picks;
+    ``better``: its per-choice answer."""
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
     req = plan.problem.jobs[int(plan.dp_jobs[p])]
-    f = float(plan.factor[p]) if plan.factor is not None else 1.0 - restart_fraction(req, plan.problem)
-    r = float(req.spec.restart_s if req.spec.restart_s is not None else req.restart_s)
-    whole = f"kept: gain below restart cost (a {r:.0f} s restart would cost all of a rescale's value)"
-    if plan.gross is None and f <= 0:
-        return whole
-    g = plan.gross[lo:hi] if plan.gross is not None else plan.values[lo:hi] / f
-    others = (np.arange(lo, hi) != c) & (plan.weights[lo:hi] <= plan.weights[c] + spare) & (plan.cols[0, lo:hi] > 0)
-    raw = np.where(others, g, -np.inf)
-    if not (raw > plan.values[c] + 1e-12).any() or plan.values[c] <= 0:
-        return whole if f <= 0 else "kept: gain below restart cost"
+    r = restart_s(req)
+    if not better[lo:hi].any() or plan.values[c] <= 0:
+        if plan.factor[p] <= 0:
+            return f"kept: gain below restart cost (a {r:.0f} s restart would cost all of a rescale's value)"
+        return "kept: gain below restart cost"
+    raw = np.where(better[lo:hi], plan.gross[lo:hi], -np.inf)
     best = int(np.argmax(raw))
     k = int(plan.cols[0, lo + best])
     gain = float(raw[best]) / float(plan.values[c]) - 1.0

@@ -437,8 +437,7 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
                   dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
                   cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat],
-                  factor=c.factor[take] if c.factor is not None else None,
-                  gross=c.gross[flat] * sc if c.gross is not None else None)
+                  factor=c.factor[take], gross=c.gross[flat] * sc)
     if not keep_jobs.size:
         chosen = np.zeros(0, np.int64)
     elif placement:

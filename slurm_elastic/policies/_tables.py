@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from slurm_elastic.policies.base import AllocationProblem, JobRequest
+from slurm_elastic.policies.base import JobRequest
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.spec import ElasticSpec
 
@@ -176,15 +176,10 @@ def job_table(
     return table
 
 
-def restart_fraction(req: JobRequest, problem: AllocationProblem) -> float:
-    """Share of the planning horizon a rescale costs: ``restart_s / horizon_s`` clipped to [0, 1].
-
-    The spec's ``restart_s`` (the user's estimate) wins over the request's default estimate.
-    """
-    r = req.spec.restart_s if req.spec.restart_s is not None else req.restart_s
-    if problem.horizon_s <= 0:
-        return 1.0
-    return min(1.0, max(0.0, float(r) / problem.horizon_s))
+def restart_s(req: JobRequest) -> float:
+    """A rescale's cost in seconds: the spec's ``restart_s`` (the user's estimate) wins over the request's
+    (the daemon's measured or default figure)."""
+    return float(req.spec.restart_s if req.spec.restart_s is not None else req.restart_s)
 
 
 def current_samples_per_s(req: JobRequest, node_size: int) -> float | None:

@@ -156,8 +156,8 @@ def test_dp_beats_baselines_on_example_mix():
 
 
 def test_spec_restart_estimate_wins_over_request_default():
-    from slurm_elastic.policies._tables import restart_fraction
+    from slurm_elastic.policies._candidates import _restart_share
 
     prob = AllocationProblem(8, 4, (), horizon_s=1000.0)
-    assert restart_fraction(job(0, spec(restart_s=100.0), restart_s=45.0), prob) == pytest.approx(0.1)
-    assert restart_fraction(job(0, spec(), restart_s=45.0), prob) == pytest.approx(0.045)
+    assert _restart_share(job(0, spec(restart_s=100.0), restart_s=45.0), prob, None) == pytest.approx(0.1)
+    assert _restart_share(job(0, spec(), restart_s=45.0), prob, None) == pytest.approx(0.045)
