@@ -118,9 +118,9 @@ def _counts(cand, chosen: np.ndarray) -> np.ndarray:
     return cand.cols[0, chosen].astype(np.int64) if chosen.size else np.zeros(0, np.int64)
 
 
-def _start_map(cand) -> _Free:
-    """The free map before this cycle's actions: node capacity less what running jobs hold."""
-    problem = cand.problem
+def start_map(problem) -> _Free:
+    """The free map before this cycle's actions: node capacity less what running jobs hold (sized for
+    the largest node, so a node freed whole keeps its count)."""
     free = dict(problem.node_capacity)
     for r in problem.jobs:
         if r.running_gpus > 0 and r.nodes:
@@ -139,7 +139,7 @@ def _replay(cand, chosen: np.ndarray, fix: bool, start: _Free | None = None):
     per node) the job holds after them."""
     problem = cand.problem
     ns = problem.node_size
-    free = (start or _start_map(cand)).copy()
+    free = (start or start_map(cand.problem)).copy()
     jobs = problem.jobs
     chosen = chosen.copy() if fix else chosen
     counts = _counts(cand, chosen)
@@ -311,7 +311,7 @@ def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, 
     again, it is worth more)."""
     if cand.problem.node_capacity is None or not chosen.size:
         return chosen
-    start = _start_map(cand)
+    start = start_map(cand.problem)
     bad, best, _, _ = _replay(cand, chosen, True, start)
     seen = stats.setdefault("bad", []) if stats is not None else []
     seen.append(len(bad))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from slurm_elastic.policies._placement import _Free, _shape
+from slurm_elastic.policies._placement import _shape, start_map
 from slurm_elastic.policies._tables import allowed_counts, job_table
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy
 
@@ -99,13 +99,7 @@ def _unplaceable(problem: AllocationProblem, out: dict) -> dict[int, str]:
     if problem.node_capacity is None:
         return {}
     ns = problem.node_size
-    free = dict(problem.node_capacity)
-    for r in problem.jobs:
-        if r.running_gpus > 0 and r.nodes:
-            for n in r.nodes:
-                if n in free:
-                    free[n] -= r.gpus_per_node
-    fm = _Free(free, max(max(free.values(), default=0), ns))
+    fm = start_map(problem)
     starts = []
     for j, r in enumerate(problem.jobs):
         k = out[r.job_id].gpus
