@@ -246,11 +246,14 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
         since = None if book is None or book.last_change_s is None else now - book.last_change_s
         cooling = view.status == pl.RUNNING and since is not None and since < config.cooldown_s
         n = book.rescales if book is not None else 0
+        age = req.age_s
+        if book is not None and book.submitted_s is not None:  # Slurm's own restarted at our requeue
+            age = max(0.0, now - book.submitted_s, age or 0.0)
         if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
-            jobs[i] = replace(req, frozen=True, held_s=since, rescales=n)
+            jobs[i] = replace(req, frozen=True, held_s=since, rescales=n, age_s=age)
             changed = True
-        elif since is not None or n:
-            jobs[i] = replace(req, held_s=since, rescales=n)
+        elif since is not None or n or age != req.age_s:
+            jobs[i] = replace(req, held_s=since, rescales=n, age_s=age)
             changed = True
     if not changed:
         return snap
@@ -319,7 +322,8 @@ def run_cycle(
     # A start is done at once; a resize/preemption counts from when it began (its signal).
     ok = [r.action for r in results
           if (r.action.kind in ("start", "hold") and r.status == "done") or r.status == "begun"]
-    books = pl.update_books(state.books, ok, now)
+    submitted = {j: r.submit_time for j, r in snap.records.items() if r.submit_time is not None}
+    books = pl.update_books(state.books, ok, now, submitted)
     # Forget jobs Slurm no longer lists (finished), so a long-running daemon's books stay small.
     state.books = {j: b for j, b in books.items() if j in snap.records or j in enactor.in_flight}
     return CycleResult(snap, alloc, the_plan, tuple(results))

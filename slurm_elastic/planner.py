@@ -76,6 +76,9 @@ class JobBook:
     last_change_s: float | None = None  # when it was last started or resized
     rescales: int = 0
     seq: int = 0  # last decision sequence number written for it
+    # Slurm's submit time before our first action on it: a requeue resets Slurm's SubmitTime (seen on
+    # 22.05), and the job's age (Pollux's re-allocation factor) counts from its first submission
+    submitted_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -443,12 +446,17 @@ def _at(a: JobAllocation, v: JobView, k: int) -> JobAllocation:
 
 
 def update_books(
-    books: Mapping[int | str, JobBook], done: Iterable[Action], now: float
+    books: Mapping[int | str, JobBook], done: Iterable[Action], now: float,
+    submitted: Mapping[int | str, float] | None = None,
 ) -> dict[int | str, JobBook]:
-    """New bookkeeping after ``done`` actions were carried out (or begun) at ``now``. Pure."""
+    """New bookkeeping after ``done`` actions were carried out (or begun) at ``now``. Pure.
+    ``submitted``: each job's submit time as Slurm showed it before these actions; a job's first action
+    keeps it (the requeue of a resize resets Slurm's)."""
     out = dict(books)
     for a in done:
         b = out.get(a.job_id, JobBook())
+        if b.submitted_s is None and submitted and a.job_id in submitted:
+            b = replace(b, submitted_s=float(submitted[a.job_id]))
         if isinstance(a, Start):
             out[a.job_id] = replace(b, last_change_s=now, seq=a.decision.seq)
         elif isinstance(a, Resize):

@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS books (
     job_id INTEGER PRIMARY KEY,
     last_change REAL,
     rescales INTEGER NOT NULL,
-    seq INTEGER NOT NULL
+    seq INTEGER NOT NULL,
+    submitted REAL
 );
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY,
@@ -86,6 +87,7 @@ CREATE TABLE IF NOT EXISTS holds (
 
 
 JOB_VIEW_ADDED = (("model", "TEXT"), ("model_uncertainty", "REAL"), ("noise_scale", "REAL"), ("restart_s", "REAL"))
+BOOKS_ADDED = (("submitted", "REAL"),)
 
 
 class LockHeld(RuntimeError):
@@ -163,10 +165,11 @@ class StateDB:
             if new:
                 os.chmod(self.path, 0o644)
             self.conn.executescript(SCHEMA)
-            have = {r[1] for r in self.conn.execute("PRAGMA table_info(jobs)").fetchall()}
-            for col, typ in JOB_VIEW_ADDED:  # a database made before these columns existed
-                if col not in have:
-                    self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
+            for table, added in (("jobs", JOB_VIEW_ADDED), ("books", BOOKS_ADDED)):
+                have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})").fetchall()}
+                for col, typ in added:  # a database made before these columns existed
+                    if col not in have:
+                        self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
         self.conn.row_factory = sqlite3.Row
 
     def close(self) -> None:
@@ -221,7 +224,8 @@ class StateDB:
     # ----- books -------------------------------------------------------------------------------
     def load_books(self) -> dict[int, pl.JobBook]:
         rows = self.conn.execute("SELECT * FROM books").fetchall()
-        return {r["job_id"]: pl.JobBook(last_change_s=r["last_change"], rescales=r["rescales"], seq=r["seq"])
+        return {r["job_id"]: pl.JobBook(last_change_s=r["last_change"], rescales=r["rescales"], seq=r["seq"],
+                                        submitted_s=r["submitted"])
                 for r in rows}
 
     def save_books(self, books: dict) -> None:
@@ -229,10 +233,10 @@ class StateDB:
             self.conn.execute("BEGIN")
             for job_id, b in books.items():
                 self.conn.execute(
-                    "INSERT INTO books(job_id, last_change, rescales, seq) VALUES (?, ?, ?, ?) "
+                    "INSERT INTO books(job_id, last_change, rescales, seq, submitted) VALUES (?, ?, ?, ?, ?) "
                     "ON CONFLICT(job_id) DO UPDATE SET last_change=excluded.last_change, "
-                    "rescales=excluded.rescales, seq=excluded.seq",
-                    (int(job_id), b.last_change_s, b.rescales, b.seq),
+                    "rescales=excluded.rescales, seq=excluded.seq, submitted=excluded.submitted",
+                    (int(job_id), b.last_change_s, b.rescales, b.seq, b.submitted_s),
                 )
 
     def forget_jobs(self, active_ids: set[int]) -> None:

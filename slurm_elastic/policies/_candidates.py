@@ -240,7 +240,7 @@ def make_candidates(
     weights = np.where(counts > 0, counts - np.repeat(np.array(base, dtype=np.int64), lens_a), 0)
     keep = np.zeros(values.size, dtype=bool)
     current: dict[int, float | None] = {}
-    for p, j in enumerate(dp_list):
+    for q, j in enumerate(dp_list):  # q, not p: p is the p-norm's exponent
         if running[j] <= 0:
             continue
         req = jobs[j]
@@ -249,11 +249,14 @@ def make_candidates(
         ti = 0 if frozen[j] else tabs[j].index(req.running_gpus)
         if ti < 0:
             continue
-        flat = int(offsets[p]) + ti + (1 if status[j] == OPTIONAL else 0)
+        flat = int(offsets[q]) + ti + (1 if status[j] == OPTIONAL else 0)
         if req.running_batch is None or req.running_batch == int(cols[2, flat]):
             keep[flat] = True  # its best batch is what it runs: keeping costs nothing
             continue
-        values[flat] *= factor[p]  # re-batching on the same count is a restart too
+        # re-batching on the same count is a restart too: its speedup pays the factor (for pnorm's
+        # negative values, scaling the value itself would make the restart a gain)
+        values[flat] = choice_values(objective, speedup[flat:flat + 1] * factor[q], scale[flat:flat + 1],
+                                     np.array([True]), p)[0]
         if cur is None or req.spec.split_batch(req.running_gpus, req.running_batch) is None:
             continue  # cannot keep what it runs now (out of range): any start is a restart
         keep_value = float(choice_values(objective, np.array([(cur_rate.get(j) or cur) / refs[j]]),

@@ -219,3 +219,43 @@ def test_freeze_tells_the_policy_how_long_each_running_job_has_held_its_size():
     assert (j1.held_s, j1.frozen) == (1000.0, False)
     assert (j2.held_s, j2.frozen) == (100.0, True)  # in its cooldown: frozen, and 100 s at its size
     assert j3.held_s is None  # pending: no size held
+
+
+def test_a_jobs_age_counts_from_its_first_submission_not_slurms_requeue_reset(tmp_path):
+    # Slurm resets SubmitTime when a resize requeues a job (22.05.8: 17:45:30 before `scontrol requeue`,
+    # 17:45:34 after). The books keep the submit time seen before the daemon's first action on the job,
+    # and the policy's age (Pollux's re-allocation factor) counts from it, and survives a daemon restart.
+    import sqlite3
+
+    from slurm_elastic.daemon.state import StateDB
+    from slurm_elastic.enact import _freeze
+    from slurm_elastic.policies.base import AllocationProblem, JobRequest
+    from slurm_elastic.problem import Snapshot
+    from slurm_elastic.spec import ElasticSpec
+
+    books = pl.update_books({}, [pl.Start(7, 2, 1, 2, D)], 1000.0, {7: 400.0, 8: 900.0})
+    assert books[7].submitted_s == 400.0 and 8 not in books
+    books = pl.update_books(books, [pl.Resize(7, 2, 4, 1, 4, D)], 5000.0, {7: 4990.0})  # Slurm's, after a requeue
+    assert books[7].submitted_s == 400.0 and books[7].rescales == 1
+
+    s = ElasticSpec(1, 8, 32, 1024, 256)
+    reqs = (JobRequest(7, s, None, 4, 64, age_s=10.0), JobRequest(9, s, None, 4, 64, age_s=50.0))
+    views = (pl.JobView(7, pl.RUNNING, 4), pl.JobView(9, pl.RUNNING, 4))
+    snap = Snapshot(AllocationProblem(8, 4, reqs), views, {}, {}, {}, 8, 8, 0, 4)
+    j7, j9 = _freeze(snap, books, 6000.0, pl.PlannerConfig(cooldown_s=300.0)).problem.jobs
+    assert j7.age_s == 5600.0 and j9.age_s == 50.0  # no book: Slurm's own age
+
+    # a state database from before the column existed is migrated, and the time survives a restart
+    old = tmp_path / "state"
+    old.mkdir()
+    con = sqlite3.connect(old / "state.sqlite3")
+    con.execute("CREATE TABLE books (job_id INTEGER PRIMARY KEY, last_change REAL, rescales INTEGER NOT NULL, "
+                "seq INTEGER NOT NULL)")
+    con.execute("INSERT INTO books VALUES (5, 10.0, 2, 1)")
+    con.commit()
+    con.close()
+    db = StateDB(old)
+    assert db.load_books()[5] == pl.JobBook(last_change_s=10.0, rescales=2, seq=1)
+    db.save_books(books)
+    db.close()
+    assert StateDB(old).load_books()[7].submitted_s == 400.0

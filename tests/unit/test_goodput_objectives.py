@@ -237,3 +237,32 @@ def test_pollux_dp_uses_pollux_reallocation_factor():
                            realloc="pollux").factor[0] == pytest.approx(plain.factor[0])
     with pytest.raises(ValueError, match="realloc"):
         make_candidates(_grow_case(), realloc="genetic")
+
+
+def test_pollux_dp_a_job_at_an_off_table_batch_still_grows():
+    # A running job whose batch is not its table's best at its count (it was sized under another noise
+    # scale) has a "keep as it runs" value. That value must be Pollux's p-norm term (p = -1), as every
+    # other choice's: computed at p = 0 it was 0, the best any choice can be, and such a job never grew
+    # (seen: an imagenet job alone on 64 GPUs held 2 GPUs for 75 simulated hours).
+    s = spec(max_gpus=4, batch=64, restart_s=30.0)
+    for batch in (40, 64, 100):
+        r = job(0, s, running=1, batch=batch, remaining_samples=1e6, age_s=36000.0)
+        problem = AllocationProblem(4, 4, (r,))
+        cand = make_candidates(problem, efficiency=efficiency_for_request, objective="pnorm", fair_ref=True,
+                               realloc="pollux")
+        assert cand.values.max() <= 0.0 and cand.values[cand.offsets[0]] < 0.0  # 1 - s^-1 with s <= 1
+        assert get_policy("pollux-dp").allocate(problem).jobs[0].gpus == 4, batch
+
+
+def test_rebatching_in_place_pays_the_restart_for_negative_pnorm_values_too():
+    # re-batching on the same count keeps the factor's share of the speedup; for p-norm's negative values
+    # that makes the value lower, not higher (scaling the value itself rewarded the restart). The job runs
+    # a batch outside its range now, so it cannot keep it: its only choice on 1 GPU is a re-batch
+    s = spec(max_gpus=1, batch=64, restart_s=30.0)
+    r = job(0, s, running=1, batch=2048, remaining_samples=1e6, age_s=300.0, rescales=3)
+    problem = AllocationProblem(1, 4, (r,))
+    for objective in ("pnorm", "completion"):
+        cand = make_candidates(problem, efficiency=efficiency_for_request, objective=objective,
+                               fair_ref=objective == "pnorm", realloc="pollux")
+        assert 0.0 < cand.factor[0] < 1.0 and not cand.keep[0]
+        assert cand.values[0] < cand.gross[0], objective
