@@ -45,6 +45,7 @@ from slurm_elastic.daemon.userfiles import UserFileError
 from slurm_elastic.daemon.userfiles import read_json as read_user_json
 from slurm_elastic.daemon.watchdog import Watchdog, sd_notify
 from slurm_elastic.enact import CycleState, Enactor, run_cycle
+from slurm_elastic.problem import JobInfo
 from slurm_elastic.profiles import Observation, ParametricModel, model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.profiles.learned import JobFacts, learn
@@ -127,6 +128,34 @@ class ModelRegistry:
     signals: dict = field(default_factory=dict)  # (job id, restart count) -> wall time of the resize signal
     restarts: dict = field(default_factory=dict)  # (job id, restart) -> {"daemon_s", "job_s"}
     measured: list = field(default_factory=list)  # new restart measurements: (job id, restart, figures)
+    claims: dict = field(default_factory=dict)  # job id -> {"total", "seen", "changed"}: its progress claim
+    progress: dict = field(default_factory=dict)  # job id -> JobInfo for the policy (problem.JobInfo)
+    # A running job whose reported samples have not grown for this long has its remaining work ignored.
+    STALE_PROGRESS_S = 1800.0
+
+    def _progress(self, job: JobRecord, report: dict | None, now: float) -> JobInfo:
+        """What the policy ranks the job by: the GPU-seconds Slurm has shown it running (attained service,
+        never the job's word) and the work it has left, from its report. The report is user-controlled
+        and a smaller remaining ranks a job first under ``completion``, so: the total is the one the job
+        first reported (a later one is ignored), the samples seen only go up, and a claim is dropped
+        (remaining unknown: ranked by attained service) once it is spent or has not moved while the job
+        ran ``STALE_PROGRESS_S``."""
+        attained = self.evidence.gpu_seconds(job.job_id)
+        seen = (report or {}).get("samples_seen")
+        total = (report or {}).get("total_samples")
+        c = self.claims.get(job.job_id)
+        if c is None and total is not None:
+            c = self.claims[job.job_id] = {"total": float(total), "seen": None, "changed": now}
+        if c is None:
+            return JobInfo(attained_gpu_s=attained)
+        if seen is not None and (c["seen"] is None or seen > c["seen"]):
+            c["seen"], c["changed"] = float(seen), now
+        if c["seen"] is None:
+            return JobInfo(attained_gpu_s=attained)
+        left = c["total"] - c["seen"]
+        run_s = now - job.start_time if job.is_running and job.start_time else 0.0
+        stale = now - c["changed"] > self.STALE_PROGRESS_S and run_s > self.STALE_PROGRESS_S
+        return JobInfo(attained_gpu_s=attained, remaining_samples=left if left > 0 and not stale else None)
 
     def _problem(self, job_id: int, text: str | None) -> None:
         if text and self.problems.get(job_id) != text:
@@ -204,6 +233,7 @@ class ModelRegistry:
 
     def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
         obs, report, unverified = self._report(job, spec)
+        self.progress[job.job_id] = self._progress(job, report, time.time())
         starts = (report or {}).get("starts", [])
         facts = JobFacts(noise_scale=(report or {}).get("noise_scale"), base_batch=(report or {}).get("base_batch"),
                          restart_s=self._restart_s(job, starts),
@@ -233,6 +263,8 @@ class ModelRegistry:
     def forget(self, live: set) -> None:
         """Drop what is kept for jobs no longer in Slurm."""
         self._models = {j: v for j, v in self._models.items() if j in live}
+        self.claims = {j: v for j, v in self.claims.items() if j in live}
+        self.progress = {j: v for j, v in self.progress.items() if j in live}
         self.sources = {j: v for j, v in self.sources.items() if j in live}
         self.problems = {j: v for j, v in self.problems.items() if j in live}
         self.signals = {k: v for k, v in self.signals.items() if k[0] in live}
@@ -613,7 +645,7 @@ class Daemon:
         try:
             result = run_cycle(
                 backend, self.policy, _NoPoll(self.enactor) if not self.dry_run else _DryEnactor(self.enactor), self.state,
-                model_for=self._model_for, now=now,
+                model_for=self._model_for, now=now, job_info=lambda r: self.models.progress.get(r.job_id),
                 planner_config=pl.PlannerConfig(cooldown_s=cfg.cooldown_s, max_in_flight=cfg.max_in_flight,
                                                 allow_preemption=cfg.allow_preemption),
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,

@@ -99,6 +99,10 @@ class RunEvidence:
     def seconds_on(self, job_id: int, gpus: int) -> float:
         return sum(last - start for k, start, last in self.runs.get(int(job_id), {}).values() if k == gpus)
 
+    def gpu_seconds(self, job_id: int) -> float:
+        """GPU-seconds Slurm has shown the job running, over all its runs (its attained service)."""
+        return sum(k * (last - start) for k, start, last in self.runs.get(int(job_id), {}).values())
+
     def starts_on(self, job_id: int, gpus: int) -> int:
         return sum(1 for k, _, _ in self.runs.get(int(job_id), {}).values() if k == gpus)
 

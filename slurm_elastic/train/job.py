@@ -193,6 +193,7 @@ class ElasticJob:
         self.samples_seen = 0
         self.optimizer_steps = 0
         self.dataset_size: int | None = None
+        self.planned_epochs: int | None = None  # the epochs the loop was asked for (progress reports)
         self.micro_tag = None  # the DataLoader path's current micro-batch (data.MicroTag: epoch, samples, ...)
         self.history: list[dict] = []
         self.lr: LRScaler | None = None
@@ -434,6 +435,7 @@ class ElasticJob:
         if self.dataset_size is not None and self.dataset_size != dataset_size:
             raise RuntimeError(f"the checkpoint is for a dataset of {self.dataset_size} samples, not {dataset_size}")
         self.dataset_size = int(dataset_size)
+        self.planned_epochs = int(epochs)
         a = self.assignment
         flag_t = torch.zeros(2, dtype=torch.int32, device=self.device if self.ctx.backend == "nccl" else "cpu")
         while self.epoch < epochs:
@@ -461,12 +463,14 @@ class ElasticJob:
         """A ``batch_sampler`` for a map-style ``DataLoader``; iterate the loader with :meth:`batches`."""
         from .data import ElasticBatchSampler
 
+        self.planned_epochs = int(epochs)
         return ElasticBatchSampler(self, dataset_size, epochs, shuffle=shuffle)
 
     def iterable(self, stream, epochs: int, *, size: int | None = None, collate_fn=None):
         """Wrap an iterable dataset for ``DataLoader(..., batch_size=None)``; iterate with :meth:`batches`."""
         from .data import ElasticIterableDataset
 
+        self.planned_epochs = int(epochs)
         return ElasticIterableDataset(self, stream, epochs, size=size, collate_fn=collate_fn)
 
     def batches(self, loader) -> Iterator:
@@ -502,6 +506,7 @@ class ElasticJob:
         :meth:`loader` once inside each. A stop request exits with 75 from inside the loader."""
         if self.assignment is None or self.lr is None:
             raise RuntimeError("call prepare() (or setup() and restore()) before epochs()")
+        self.planned_epochs = int(epochs)
         while self.epoch < epochs:
             e = self.epoch
             yield e
@@ -599,6 +604,14 @@ class ElasticJob:
         elif self._tp_steps == 5 or now - self._last_report >= self.report_every_s:
             self._flush_throughput()
 
+    @property
+    def total_samples(self) -> int | None:
+        """The samples the whole run trains on (dataset size x epochs), when the loop said both: reported
+        with the samples seen so far, so the daemon can rank jobs by the work they have left."""
+        if self.dataset_size is None or self.planned_epochs is None:
+            return None
+        return int(self.dataset_size) * int(self.planned_epochs)
+
     def _flush_throughput(self) -> None:
         steps, samples, secs = self._tp_steps, self._tp_samples, self._tp_seconds
         fs, fn, ft = self._tp_flushed
@@ -613,7 +626,8 @@ class ElasticJob:
             p = protocol.merge_throughput(self.ckpt_dir, self.senv.job_id, self.world_size,
                                           self.assignment.global_batch, samples - fn, secs - ft, steps - fs,
                                           noise_scale=ns, base_batch=self.lr.base_batch if self.lr else None,
-                                          start=start)
+                                          start=start, samples_seen=self.samples_seen,
+                                          total_samples=self.total_samples)
             self._tp_flushed = (steps, samples, secs)
             if p:
                 self.log(f"throughput at {self.world_size} x batch {self.assignment.global_batch}: "

@@ -140,11 +140,14 @@ MAX_STARTS = 32  # start records kept in the report
 def merge_throughput(
     ckpt_dir: str | os.PathLike, job_id: str | int | None, gpus: int, batch: int, samples: int, seconds: float,
     steps: int, *, noise_scale: float | None = None, base_batch: int | None = None, start: dict | None = None,
+    samples_seen: int | None = None, total_samples: int | None = None,
 ) -> dict | None:
     """Fold a new measurement into ``throughput.json`` (time-weighted per (gpus, batch)); rank 0 only.
 
-    Also sets ``noise_scale``/``base_batch`` (when given) and adds or replaces the ``start`` record of
-    its ``restart_count``. Returns the updated point, or None when there was no new measurement."""
+    Also sets ``noise_scale``/``base_batch`` (when given), the job's progress (``samples_seen`` so far,
+    ``total_samples`` it will train on when it knows: dataset size x epochs) and adds or replaces the
+    ``start`` record of its ``restart_count``. Returns the updated point, or None when there was no new
+    measurement."""
     old = _read_json(throughput_path(ckpt_dir)) or {}
     points = {(p["gpus"], p["batch"]): dict(p) for p in read_throughput(ckpt_dir)}
     p = None
@@ -167,7 +170,9 @@ def merge_throughput(
     out = {"format": FORMAT, "job_id": None if job_id is None else str(job_id),
            "points": [points[k] for k in sorted(points)], "starts": starts,
            "noise_scale": ns if isinstance(ns, (int, float)) and math.isfinite(ns) else None,
-           "base_batch": base_batch if base_batch is not None else old.get("base_batch")}
+           "base_batch": base_batch if base_batch is not None else old.get("base_batch"),
+           "samples_seen": samples_seen if samples_seen is not None else old.get("samples_seen"),
+           "total_samples": total_samples if total_samples is not None else old.get("total_samples")}
     atomic_write_json(throughput_path(ckpt_dir), out)
     return p
 
@@ -183,10 +188,12 @@ def _finite(v, lo: float, hi: float) -> float | None:
 # Plausibility bounds for what a job reports (it is user-controlled).
 MAX_NOISE_SCALE = 1e12
 MAX_BATCH = 1 << 31
+MAX_SAMPLES = 1e15
 
 
 def read_report(ckpt_dir: str | os.PathLike) -> dict:
-    """The job's report in one read: ``{"points", "noise_scale", "base_batch", "starts"}`` (points as
+    """The job's report in one read: ``{"points", "noise_scale", "base_batch", "starts", "samples_seen",
+    "total_samples"}`` (points as
     :func:`read_throughput` gives them; the daemon checks their numbers), the others checked
     (finite, in range; a start needs an int ``restart_count`` >= 0 and a finite ``first_step``);
     what fails a check is dropped (None / left out), never guessed."""
@@ -210,4 +217,7 @@ def parse_report(data: dict) -> dict:
         if not isinstance(r, int) or isinstance(r, bool) or r < 0 or first is None:
             continue
         starts.append({"restart_count": r, "first_step": first, "stop": _finite(s.get("stop"), 0.0, 1e11)})
-    return {"points": points, "noise_scale": ns, "base_batch": bb, "starts": starts}
+    seen = _finite(data.get("samples_seen"), 0.0, MAX_SAMPLES)
+    total = _finite(data.get("total_samples"), 1.0, MAX_SAMPLES)
+    return {"points": points, "noise_scale": ns, "base_batch": bb, "starts": starts, "samples_seen": seen,
+            "total_samples": total}

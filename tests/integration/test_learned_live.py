@@ -110,6 +110,11 @@ def test_noise_scale_is_reported_the_model_is_fitted_and_no_resize_before_a_firs
         assert report["noise_scale"] > 0 and report["base_batch"] == 64
         assert guarded >= 1  # the policy did ask to shrink A before its first step, and was refused
         assert read_throughput(ckpt) and report["starts"][0]["restart_count"] == 0
+        # The job reports its progress and the daemon ranks it by the work it has left: 40 epochs of the
+        # spiral's 1200 samples (3 arms x 400) planned; attained service from what Slurm showed, not the job
+        assert report["total_samples"] == 40 * 1200 and 0 < report["samples_seen"] < 40 * 1200, report
+        info = d.models.progress[a]
+        assert info.remaining_samples == 40 * 1200 - d.models.claims[a]["seen"] and info.attained_gpu_s > 0, info
         view = d.db.job_views()[a]
         assert view["model"].startswith("fitted from") and view["noise_scale"] > 0  # the report moves on
         # The policy wanted A's GPUs for B while A had not stepped: the guard is what kept A.

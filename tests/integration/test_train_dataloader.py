@@ -281,3 +281,5 @@ def test_the_documented_example_runs_under_torchrun(tmp_path):
     assert (done["epochs_done"], done["samples_seen"], done["optimizer_steps"]) == (5, 5 * 4096, 5 * 4096 // 128)
     rep = json.loads((tmp_path / "elastic-ckpt" / "throughput.json").read_text())
     assert rep["noise_scale"] is not None and rep["noise_scale"] > 0  # measured on the DataLoader path
+    # its progress, for the daemon's ranking by remaining work: 5 epochs x 4096 samples planned
+    assert rep["total_samples"] == 5 * 4096 and 0 < rep["samples_seen"] <= 5 * 4096, rep

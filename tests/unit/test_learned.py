@@ -213,3 +213,53 @@ def test_the_daemon_s_learned_noise_scale_drives_the_goodput_objective(tmp_path)
     req2 = build_problem([rec2], nodes, model_for=_registry(rec2), now=2000.0).problem.jobs[0]
     assert req2.noise_scale is None and efficiency_for_request(req2)[1][0] == "conservative"
 
+
+
+def test_the_report_carries_progress_and_hostile_figures_are_dropped(tmp_path):
+    protocol.merge_throughput(tmp_path, 7, 2, 64, 640, 2.0, 10, samples_seen=640, total_samples=64000)
+    protocol.merge_throughput(tmp_path, 7, 2, 64, 640, 2.0, 10)  # a flush without progress keeps the last
+    rep = protocol.read_report(tmp_path)
+    assert (rep["samples_seen"], rep["total_samples"]) == (640.0, 64000.0)
+    for bad in (float("nan"), -1, True, "12", 1e300, [5]):
+        _report(tmp_path, samples_seen=bad, total_samples=bad)
+        rep = protocol.read_report(tmp_path)
+        assert rep["samples_seen"] is None and rep["total_samples"] is None, bad
+    _report(tmp_path, samples_seen=0, total_samples=0)  # a total of 0 samples is no plan
+    assert protocol.read_report(tmp_path)["total_samples"] is None
+
+
+def test_progress_ranks_by_remaining_work_but_a_claim_cannot_be_raised_frozen_or_reused(tmp_path, monkeypatch):
+    # What the completion objective ranks a job by: its remaining work from its report, attained
+    # service from Slurm's view. A user-controlled report cannot buy a better rank: the first total
+    # stands, samples seen only go up, a spent or frozen claim is dropped (remaining unknown).
+    from dataclasses import replace
+
+    from slurm_elastic.daemon import loop as loop_mod
+
+    rec, spec = _job(SPEC, tmp_path, gpus=4)
+    rec = replace(rec, start_time=1000)
+    reg = _registry(rec)  # Slurm showed it running 100 s on 4 GPUs
+    clock = [2000.0]
+    monkeypatch.setattr(loop_mod.time, "time", lambda: clock[0])
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples is None and reg.progress[7].attained_gpu_s == 400.0  # no report
+    _report(tmp_path, samples_seen=1000, total_samples=10000)
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples == 9000
+    _report(tmp_path, samples_seen=3000, total_samples=3500)  # a smaller total, to rank first: ignored
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples == 7000
+    _report(tmp_path, samples_seen=2000, total_samples=10000)  # seen going back: kept at the most
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples == 7000
+    clock[0] += reg.STALE_PROGRESS_S + 1  # no progress for that long while running: not trusted
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples is None
+    _report(tmp_path, samples_seen=4000, total_samples=10000)  # progress again: trusted again
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples == 6000
+    _report(tmp_path, samples_seen=10000, total_samples=10000)  # spent: unknown, ranked by attained
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples is None
+    reg.forget(set())
+    assert 7 not in reg.claims and 7 not in reg.progress
