@@ -71,9 +71,9 @@ def test_agrees_with_highs_on_small_random_instances(objective):
     gaps = []
     for _ in range(25):
         prob = instance(rng)
-        pol = DPPolicy(admission="priority", objective=objective, placement=False)
+        pol = DPPolicy(admission="priority", objective=objective, placement=False, unranked="las")
         value = DPPolicy.OBJECTIVES[objective][0]
-        joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective)
+        joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective, unranked="las")
         q = build_q(prob, joint.candidates, objective=value)
         opt = q_milp(q)
         a = pol.allocate(prob)
