@@ -22,6 +22,10 @@ Format (``slurm-elastic solve PROBLEM.json``; an example is ``examples/problem.j
           "running_gpus": 4, "running_batch": 512,           # optional: omitted = pending
           "restart_s": 45, "wait_s": 0,                      # optional
           "age_s": 7200, "rescales": 1,                      # optional: since submission, rescales so far
+          "held_s": 600,                                     # optional: how long it has held its size
+          "remaining_samples": 2.5e6, "attained_gpu_s": 9000,  # optional: work left (completion's rank),
+                                                             #   GPU-seconds had (its rank when no work left)
+          "noise_scale": 850.0, "base_batch": 128,           # optional: its gradient noise scale (goodput)
           "nodes": ["node1"],                                # optional: the nodes a running job holds
           "pools": ["v100", "a100"], "pool": "v100",         # optional: pools it may use (default all),
                                                              #   the one a running job is in
@@ -49,7 +53,8 @@ from slurm_elastic.spec import MAX_GPUS_LIMIT, SpecError, ThroughputPoint, parse
 _TOP = {"total_gpus", "node_size", "horizon_s", "allow_preemption", "jobs", "policy", "options", "description",
         "nodes", "pools"}
 _JOB = {"id", "spec", "comment", "points", "running_gpus", "running_batch", "restart_s", "wait_s", "weight",
-        "profile", "nodes", "pools", "pool", "pool_points", "age_s", "rescales"}
+        "profile", "nodes", "pools", "pool", "pool_points", "age_s", "rescales", "held_s", "remaining_samples",
+        "attained_gpu_s", "noise_scale", "base_batch"}
 _POOL = {"name", "gpu_type", "partitions", "nodes"}
 MAX_NODES = 1 << 20
 
@@ -234,7 +239,18 @@ def problem_from_dict(data: Any) -> AllocationProblem:
         model = model_for_spec(spec, node_size, job_id=jid)
         age = _num(jd["age_s"], jid, "age_s", 0.0, 1e10) if "age_s" in jd else None
         rescales = _int(jd.get("rescales", 0), jid, "rescales", 0, 1 << 30)
-        req = JobRequest(jid, spec, model, running, rb, restart, wait, age_s=age, rescales=rescales)
+        held = _num(jd["held_s"], jid, "held_s", 0.0, 1e10) if "held_s" in jd else None
+        if held is not None and not running:
+            raise SpecError("held_s without running_gpus", job_id=jid, field="held_s")
+        left = _num(jd["remaining_samples"], jid, "remaining_samples", 0.0, 1e15) if "remaining_samples" in jd else None
+        attained = _num(jd.get("attained_gpu_s", 0.0), jid, "attained_gpu_s", 0.0, 1e12)
+        ns = _num(jd["noise_scale"], jid, "noise_scale", 0.0, 1e12) if "noise_scale" in jd else None
+        b0 = _int(jd["base_batch"], jid, "base_batch", 1, 1 << 31) if "base_batch" in jd else None
+        if (ns is None) != (b0 is None):
+            raise SpecError("give noise_scale and base_batch together (efficiency is relative to base_batch)",
+                            job_id=jid, field="noise_scale" if ns is None else "base_batch")
+        req = JobRequest(jid, spec, model, running, rb, restart, wait, age_s=age, rescales=rescales, held_s=held,
+                         remaining_samples=left, attained_gpu_s=attained, noise_scale=ns, base_batch=b0)
         req = _placement_fields(req, jd, node_names, pool_by, node_size)
         jobs.append(req)
     return AllocationProblem(total, node_size, tuple(jobs), horizon, preempt, node_capacity=node_caps,

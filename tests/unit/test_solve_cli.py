@@ -69,6 +69,13 @@ GOOD_JOB = {"id": "a", "spec": {"min_gpus": 1, "max_gpus": 4, "min_batch": 32, "
      "job a, field 'max_gpus'"),
     ({"node_size": 4, "jobs": []}, "field 'total_gpus'"),
     ("{not json", "not valid JSON"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, remaining_samples=float("nan"))]},
+     "job a, field 'remaining_samples'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, attained_gpu_s=-5)]}, "job a, field 'attained_gpu_s'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, noise_scale=900.0)]}, "job a, field 'base_batch'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, noise_scale=9, base_batch=0)]},
+     "job a, field 'base_batch'"),
+    ({"total_gpus": 8, "node_size": 4, "jobs": [dict(GOOD_JOB, held_s=60)]}, "job a, field 'held_s'"),
 ])
 def test_invalid_problems_name_the_job_and_field(tmp_path, doc, needle):
     r = run([write(tmp_path, doc)])
@@ -149,3 +156,21 @@ def test_invalid_pools_name_the_job_and_field(tmp_path, doc, needle):
     r = run([write(tmp_path, doc)])
     assert r.exit_code != 0
     assert needle in r.output, r.output
+
+
+def test_the_work_a_job_has_left_ranks_it(tmp_path):
+    # completion ranks jobs by the work they report left (SRPT): of two identical jobs on 5 GPUs, the one
+    # with less left gets more; with no work reported (and so no ranks), the p-norm fallback splits
+    # evenly-ish; the noise scale is taken as the job's (its efficiency at a larger batch)
+    two = [dict(GOOD_JOB, id="long", remaining_samples=5e7), dict(GOOD_JOB, id="short", remaining_samples=5e4)]
+    doc = json.loads(run([write(tmp_path, {"total_gpus": 5, "node_size": 8, "jobs": two}), "--json"]).output)
+    got = {j["id"]: j["gpus"] for j in doc["jobs"]}
+    assert got["short"] > got["long"] >= 1, got
+    flipped = [dict(two[0], remaining_samples=5e4), dict(two[1], remaining_samples=5e7)]
+    doc = json.loads(run([write(tmp_path, {"total_gpus": 5, "node_size": 8, "jobs": flipped}), "--json"]).output)
+    got = {j["id"]: j["gpus"] for j in doc["jobs"]}
+    assert got["long"] > got["short"] >= 1, got
+    noisy = [dict(GOOD_JOB, id=i, noise_scale=ns, base_batch=32) for i, ns in (("lo", 10.0), ("hi", 1e6))]
+    doc = json.loads(run([write(tmp_path, {"total_gpus": 8, "node_size": 8, "jobs": noisy}), "--json"]).output)
+    b = {j["id"]: j["batch"] for j in doc["jobs"]}
+    assert b["hi"] > b["lo"], b  # a small noise scale makes a large batch inefficient
