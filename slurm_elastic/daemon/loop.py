@@ -257,8 +257,18 @@ class ModelRegistry:
             note = f", {unverified} unverified ignored"
         elif job.job_id in self.problems:
             note = " (report rejected)"
-        self.sources[job.job_id] = model.provenance + note
+        self.sources[job.job_id] = model.provenance + note + self._progress_note(job.job_id)
         return model
+
+    def _progress_note(self, job_id: int) -> str:
+        """What ``status`` shows of the job's progress claim: how far it is, or why it is not used."""
+        c = self.claims.get(job_id)
+        if not c or c["seen"] is None:
+            return ""
+        info = self.progress.get(job_id)
+        if info is not None and info.remaining_samples is not None:
+            return f", {100 * c['seen'] / c['total']:.0f}% of {c['total']:.3g} samples done"
+        return ", progress not used (spent, or not moving while it runs)"
 
     def forget(self, live: set) -> None:
         """Drop what is kept for jobs no longer in Slurm."""

@@ -246,6 +246,7 @@ def test_progress_ranks_by_remaining_work_but_a_claim_cannot_be_raised_frozen_or
     _report(tmp_path, samples_seen=1000, total_samples=10000)
     reg(rec, spec)
     assert reg.progress[7].remaining_samples == 9000
+    assert reg.sources[7].endswith(", 10% of 1e+04 samples done"), reg.sources[7]  # what status shows
     _report(tmp_path, samples_seen=3000, total_samples=3500)  # a smaller total, to rank first: ignored
     reg(rec, spec)
     assert reg.progress[7].remaining_samples == 7000
@@ -255,6 +256,7 @@ def test_progress_ranks_by_remaining_work_but_a_claim_cannot_be_raised_frozen_or
     clock[0] += reg.STALE_PROGRESS_S + 1  # no progress for that long while running: not trusted
     reg(rec, spec)
     assert reg.progress[7].remaining_samples is None
+    assert reg.sources[7].endswith("progress not used (spent, or not moving while it runs)"), reg.sources[7]
     _report(tmp_path, samples_seen=4000, total_samples=10000)  # progress again: trusted again
     reg(rec, spec)
     assert reg.progress[7].remaining_samples == 6000
