@@ -50,12 +50,13 @@ COLUMNS = {
         Column("efficiency", "EFFICIENCY", 10, True),
         Column("rescales", "RESCALES", 8, True),
         Column("model", "MODEL", 16),
+        Column("progress", "DONE", 6),
         Column("last_change", "LAST-CHANGE", 19),
         Column("reason", "REASON", 30),
     ]
 }
 DEFAULT_FORMAT = ("jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,model,"
-                  "last_change,reason")
+                  "progress,last_change,reason")
 
 
 def job_row(job: JobRecord) -> dict:
@@ -79,6 +80,7 @@ def job_row(job: JobRecord) -> dict:
         "efficiency": None,
         "last_change": None,
         "model": None,  # the daemon's model provenance: profile, declared, fitted from N reports, prior
+        "progress": None,  # the share of its reported work done, "unused" when the claim is not trusted
         "elastic": is_elastic_comment(job.comment),
         "spec_error": None,
         "reason": job.state_reason if job.state_reason not in ("None", "") else "",
@@ -120,6 +122,7 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
         row["reason"] = view["reason"]
     if view.get("model"):  # where the job's throughput model comes from (report, profile, default)
         row["model"] = view["model"]
+        row["progress"] = progress_of(view["model"])
     if view.get("report_error"):
         row["report_error"] = view["report_error"]
         row["reason"] = f"{row['reason']}; report not used: {view['report_error']}".lstrip("; ")
@@ -192,6 +195,17 @@ def short_provenance(p: str | None) -> str:
     if words[0] == "fitted" and len(words) >= 3 and words[2].isdigit():
         return f"fitted({words[2]})"
     return words[0]
+
+
+def progress_of(p: str) -> str | None:
+    """The progress note the daemon adds to a model's provenance (``..., 37% of 4.8e+04 samples
+    done`` -> ``37%``; ``..., progress not used (...)`` -> ``unused``): what the SRPT rank uses."""
+    for part in p.split(", ")[1:]:
+        if part.endswith(" samples done") and part.split("%")[0].isdigit():
+            return part.split(" ")[0]
+        if part.startswith("progress not used"):
+            return "unused"
+    return None
 
 
 def _cell(value, key: str = "") -> str:

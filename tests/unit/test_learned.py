@@ -183,6 +183,15 @@ def test_status_shows_the_model_provenance_and_an_old_state_db_gains_the_columns
     assert row["model"] == "fitted from 1 report" and row["noise_scale"] == 120.0 and row["restart_s"] == 18.0
     out = format_table([row], "jobid,samples_per_s,model")
     assert out.splitlines()[1].split() == ["5", "48", "fitted(1)"]
+    # the DONE column: the share of the work the job reported done, or that its claim is not used
+    from slurm_elastic.commands.status import progress_of
+
+    assert progress_of("fitted from 2 reports, 37% of 4.8e+04 samples done") == "37%"
+    assert progress_of("prior, progress not used (spent, or not moving while it runs)") == "unused"
+    assert progress_of("fitted from 1 report, 3 unverified ignored") is None and progress_of("prior") is None
+    row = merge_daemon_view({"jobid": 5, "reason": "", "model": None},
+                            dict(view, model="fitted from 2 reports, 37% of 4.8e+04 samples done"))
+    assert format_table([row], "jobid,model,progress").splitlines()[1].split() == ["5", "fitted(2)", "37%"]
 
 
 def test_the_daemon_s_learned_noise_scale_drives_the_goodput_objective(tmp_path):
