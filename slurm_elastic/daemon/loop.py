@@ -132,14 +132,19 @@ class ModelRegistry:
     progress: dict = field(default_factory=dict)  # job id -> JobInfo for the policy (problem.JobInfo)
     # A running job whose reported samples have not grown for this long has its remaining work ignored.
     STALE_PROGRESS_S = 1800.0
+    # ... and over each such stretch of running, they must grow by at least this share of what its own
+    # verified throughput says it did (a token bump every half hour keeps no claim alive).
+    MIN_PROGRESS_SHARE = 0.25
 
-    def _progress(self, job: JobRecord, report: dict | None, now: float) -> JobInfo:
+    def _progress(self, job: JobRecord, report: dict | None, now: float, rate: float | None = None) -> JobInfo:
         """What the policy ranks the job by: the GPU-seconds Slurm has shown it running (attained service,
         never the job's word) and the work it has left, from its report. The report is user-controlled
         and a smaller remaining ranks a job first under ``completion``, so: the total is the one the job
         first reported (a later one is ignored), the samples seen only go up, and a claim is dropped
-        (remaining unknown: ranked by attained service) once it is spent or has not moved while the job
-        ran ``STALE_PROGRESS_S``."""
+        (remaining unknown: ranked by attained service) once it is spent, or has not moved while the job
+        ran ``STALE_PROGRESS_S``, or, over each such stretch of running (from Slurm's GPU-seconds), grew
+        by less than ``MIN_PROGRESS_SHARE`` of what ``rate`` (its verified samples/s at its current
+        count) says it trained; the next stretch decides again."""
         attained = self.evidence.gpu_seconds(job.job_id)
         seen = (report or {}).get("samples_seen")
         total = (report or {}).get("total_samples")
@@ -152,10 +157,19 @@ class ModelRegistry:
             c["seen"], c["changed"] = float(seen), now
         if c["seen"] is None:
             return JobInfo(attained_gpu_s=attained)
+        if "w_seen" not in c:  # the first stretch starts at the first samples seen
+            c["w_seen"], c["w_att"], c["credible"] = c["seen"], attained, True
+        gpus = job.gpus_total if job.is_running else 0
+        if rate and gpus > 0:
+            ran_s = (attained - c["w_att"]) / gpus
+            if ran_s >= self.STALE_PROGRESS_S:
+                c["credible"] = c["seen"] - c["w_seen"] >= self.MIN_PROGRESS_SHARE * rate * ran_s
+                c["w_seen"], c["w_att"] = c["seen"], attained
         left = c["total"] - c["seen"]
         run_s = now - job.start_time if job.is_running and job.start_time else 0.0
         stale = now - c["changed"] > self.STALE_PROGRESS_S and run_s > self.STALE_PROGRESS_S
-        return JobInfo(attained_gpu_s=attained, remaining_samples=left if left > 0 and not stale else None)
+        trusted = left > 0 and not stale and c["credible"]
+        return JobInfo(attained_gpu_s=attained, remaining_samples=left if trusted else None)
 
     def _problem(self, job_id: int, text: str | None) -> None:
         if text and self.problems.get(job_id) != text:
@@ -233,7 +247,8 @@ class ModelRegistry:
 
     def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
         obs, report, unverified = self._report(job, spec)
-        self.progress[job.job_id] = self._progress(job, report, time.time())
+        here = [o.samples_per_s for o in obs if job.is_running and o.gpus == job.gpus_total]
+        self.progress[job.job_id] = self._progress(job, report, time.time(), max(here) if here else None)
         starts = (report or {}).get("starts", [])
         facts = JobFacts(noise_scale=(report or {}).get("noise_scale"), base_batch=(report or {}).get("base_batch"),
                          restart_s=self._restart_s(job, starts),
@@ -268,7 +283,7 @@ class ModelRegistry:
         info = self.progress.get(job_id)
         if info is not None and info.remaining_samples is not None:
             return f", {100 * c['seen'] / c['total']:.0f}% of {c['total']:.3g} samples done"
-        return ", progress not used (spent, or not moving while it runs)"
+        return ", progress not used (spent, stalled, or slower than its measured throughput)"
 
     def forget(self, live: set) -> None:
         """Drop what is kept for jobs no longer in Slurm."""

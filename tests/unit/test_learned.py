@@ -187,7 +187,7 @@ def test_status_shows_the_model_provenance_and_an_old_state_db_gains_the_columns
     from slurm_elastic.commands.status import progress_of
 
     assert progress_of("fitted from 2 reports, 37% of 4.8e+04 samples done") == "37%"
-    assert progress_of("prior, progress not used (spent, or not moving while it runs)") == "unused"
+    assert progress_of("prior, progress not used (spent, stalled, or slower than its measured throughput)") == "unused"
     assert progress_of("fitted from 1 report, 3 unverified ignored") is None and progress_of("prior") is None
     row = merge_daemon_view({"jobid": 5, "reason": "", "model": None},
                             dict(view, model="fitted from 2 reports, 37% of 4.8e+04 samples done"))
@@ -265,7 +265,7 @@ def test_progress_ranks_by_remaining_work_but_a_claim_cannot_be_raised_frozen_or
     clock[0] += reg.STALE_PROGRESS_S + 1  # no progress for that long while running: not trusted
     reg(rec, spec)
     assert reg.progress[7].remaining_samples is None
-    assert reg.sources[7].endswith("progress not used (spent, or not moving while it runs)"), reg.sources[7]
+    assert reg.sources[7].endswith("progress not used (spent, stalled, or slower than its measured throughput)")
     _report(tmp_path, samples_seen=4000, total_samples=10000)  # progress again: trusted again
     reg(rec, spec)
     assert reg.progress[7].remaining_samples == 6000
@@ -274,3 +274,38 @@ def test_progress_ranks_by_remaining_work_but_a_claim_cannot_be_raised_frozen_or
     assert reg.progress[7].remaining_samples is None
     reg.forget(set())
     assert 7 not in reg.claims and 7 not in reg.progress
+
+
+def test_a_claim_must_progress_at_a_share_of_the_job_s_own_measured_rate(tmp_path, monkeypatch):
+    # A job that reports a small total and bumps its samples seen by a token amount keeps no claim: over
+    # each half hour of running (GPU-seconds Slurm showed), its samples seen must grow by at least a
+    # quarter of what its own verified throughput says it trained. The next stretch decides again.
+    from dataclasses import replace
+
+    from slurm_elastic.daemon import loop as loop_mod
+
+    rec, spec = _job(SPEC, tmp_path, gpus=4)
+    rec = replace(rec, start_time=1000)
+    reg = _registry(rec)  # Slurm: 100 s on 4 GPUs so far
+    clock = [2000.0]
+    monkeypatch.setattr(loop_mod.time, "time", lambda: clock[0])
+    point = [{"gpus": 4, "batch": 64, "samples_per_s": 100.0}]
+    ran = [100.0]
+    seen = [1000]
+
+    def stretch(gained: int):
+        ran[0] += 2000.0  # 2000 s more on 4 GPUs, as Slurm shows it
+        reg.evidence.observe(7, 0, 4, 1000.0, 1000.0 + ran[0])
+        clock[0] += 2000.0
+        seen[0] += gained
+        _report(tmp_path, points=point, samples_seen=seen[0], total_samples=10**9)
+        reg(rec, spec)
+        return reg.progress[7].remaining_samples
+
+    _report(tmp_path, points=point, samples_seen=seen[0], total_samples=10**9)
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples == 10**9 - 1000
+    assert stretch(100_000) == 10**9 - 101_000  # half of 100/s x 2000 s: a plausible pace (restarts, ...)
+    assert stretch(10) is None  # a token bump: not progress
+    assert reg.sources[7].endswith("progress not used (spent, stalled, or slower than its measured throughput)")
+    assert stretch(150_000) == 10**9 - 251_010  # training again: trusted again
