@@ -89,9 +89,11 @@ def test_noise_scale_is_reported_the_model_is_fitted_and_no_resize_before_a_firs
         fitted = None
         deadline = time.monotonic() + 420
         while time.monotonic() < deadline:
-            stepped_before = any(s["restart_count"] == 0 for s in read_report(ckpt)["starts"])
             res = d.cycle()
             assert res is not None
+            # Read after the cycle: a job that had not stepped by then had not stepped during it (read
+            # before, a first step between the read and the daemon's own read looked like a breach).
+            stepped_before = any(s["restart_count"] == 0 for s in read_report(ckpt)["starts"])
             act = {x.job_id: x for x in res.plan.actions}.get(a)
             if not stepped_before:
                 # Not yet a step at its admitted size: A must not be resized in this cycle.
