@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +66,7 @@ class Candidates:
     current: dict[int, float | None]  # current samples/s of running jobs
     factor: np.ndarray  # per optimised job: the value kept by a rescale (1 - restart share)
     gross: np.ndarray  # per flat choice: its value before any restart charge
+    goodput: dict[int, float | None] = field(default_factory=dict)  # current goodput, where values are goodput
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -267,8 +268,9 @@ def make_candidates(
     for j in range(n):
         if running[j] > 0 and j not in current:
             current[j] = current_samples_per_s(jobs[j], ns)
+    goodput = {j: v for j, v in cur_rate.items() if effs[j][0] is not None}
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
-                      current, factor, gross)
+                      current, factor, gross, goodput)
 
 
 @contextmanager
@@ -390,6 +392,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     lb_l = sel[3].astype(np.int64).tolist()
     a_l = sel[4].astype(np.int64).tolist()
     s_l = sel[5].tolist()
+    v_l = sel[6].tolist()
     keep_l = plan.keep[chosen_flat].tolist()
     picked = {j: p for p, j in enumerate(plan.dp_jobs.tolist())}
     better, better_at = _better_elsewhere(plan, chosen_flat, spare)
@@ -420,13 +423,24 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
             reason = _kept_reason(plan, p, int(chosen_flat[p]), better_at) if better[p] \
                 else "kept: no reachable size is worth more"
         elif k > r:
-            reason = f"grown {r}->{k}: {pct(sps, cur)}".rstrip(": ")
+            reason = f"grown {r}->{k}: {_gain(sps, cur, v_l[p], plan.goodput.get(j))}".rstrip(": ")
         elif k < r:
-            reason = f"shrunk {r}->{k}: {pct(sps, cur)}".rstrip(": ") + "; GPUs to higher-value jobs"
+            reason = (f"shrunk {r}->{k}: {_gain(sps, cur, v_l[p], plan.goodput.get(j))}".rstrip(": ")
+                      + "; GPUs to higher-value jobs")
         else:
-            reason = f"rebatched {req.running_batch}->{batch}: {pct(sps, cur)}".rstrip(": ")
+            reason = f"rebatched {req.running_batch}->{batch}: {_gain(sps, cur, v_l[p], plan.goodput.get(j))}"
+            reason = reason.rstrip(": ")
         out[req.job_id] = JobAllocation(req.job_id, k, n_l[p], batch, local, accum, sps, reason)
     return Allocation(out, objective, solve_s, policy)
+
+
+def _gain(sps: float, cur: float | None, value: float, cur_value: float | None) -> str:
+    """What a change buys, in the unit the policy chose by: goodput first where the table is goodput (a
+    grow to a smaller, more efficient batch can lower samples/s and still gain), then samples/s."""
+    if cur_value is None or cur_value <= 0 or not np.isfinite(value):
+        return pct(sps, cur)
+    rate = pct(sps, cur)
+    return f"{100.0 * (value / cur_value - 1.0):+.0f}% goodput" + (f" ({rate})" if rate else "")
 
 
 def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
 STEPS = ["signal", "ack", "requeue_hold", "update", "release"]
 EPOCHS, N = 8, 3 * 400
+# 0.3 s a step: about 45 s of training at 2 GPUs, so a daemon slowed by a loaded CI machine still signals the
+# job well before it finishes (at 0.1 s a step the job could end before the first life's signal: CI saw it)
+STEP_DELAY = 0.3
 
 
 def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_path, reliability):
@@ -45,7 +48,7 @@ def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_pa
     jid = 0
     daemon = None
     try:
-        jid = submit_template_job(slurm_cluster, tmp_path, "A", epochs=EPOCHS, step_delay=0.1)
+        jid = submit_template_job(slurm_cluster, tmp_path, "A", epochs=EPOCHS, step_delay=STEP_DELAY)
         write_config(cfg, state, max_gpus_per_job=2)
         daemon = DaemonProc.cli(slurm_cluster, cfg, tmp_path / "life0.log")
         wait_for(lambda: (j := slurm_cluster.backend.get_job(jid)) and j.is_running, 60, "the job to start")
@@ -70,7 +73,9 @@ def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_pa
                 if d.proc.poll() is None:
                     d.stop()
             rc = d.wait(timeout=5)
-            assert rc == -9, f"life {i} ({step}) exited {rc}:\n{log.read_text()[-3000:]}"
+            now = slurm_cluster.backend.get_job(jid, include_finished=True)
+            assert rc == -9, (f"life {i} ({step}) exited {rc}; job {jid} is "
+                              f"{now.state if now else 'gone'}:\n{log.read_text()[-3000:]}")
             info = json.loads(marker.read_text())
             assert info["fault"] == f"after:{step}" and info["pid"] == d.proc.pid
             fired.append(step)

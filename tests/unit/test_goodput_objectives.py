@@ -301,3 +301,16 @@ def test_the_pnorm_fallback_is_not_used_across_pools_where_it_cannot_see_a_faste
     problem = AllocationProblem(16, 4, (job(0, s), job(1, s)), pools=pools)
     assert get_policy("dp").objective_for(problem) == "completion"
     assert get_policy("dp").objective_for(AllocationProblem(16, 4, (job(0, s), job(1, s)))) == "pnorm"
+
+
+def test_a_goodput_decision_gives_its_goodput_gain_first():
+    # running at 1 GPU on a batch far above its noise scale: the goodput policy grows it to a smaller batch
+    # per GPU, and the reason names the goodput gain the policy chose by, then the samples/s change
+    s = spec(max_gpus=4, min_batch=32, max_batch=1024, max_local=256, max_accum=4, batch=1024, restart_s=0.0)
+    r = job(0, s, running=1, batch=1024, noise_scale=50.0, base_batch=32)
+    a = get_policy("dp").allocate(AllocationProblem(4, 4, (r,)))
+    got = a.jobs[0]
+    assert got.gpus > 1 and got.batch < 1024, got
+    assert got.reason.startswith(f"grown 1->{got.gpus}: +") and "% goodput (" in got.reason, got.reason
+    t = get_policy("dp", objective="throughput").allocate(AllocationProblem(4, 4, (r,)))
+    assert "goodput" not in t.jobs[0].reason and "samples/s" in t.jobs[0].reason, t.jobs[0].reason
