@@ -159,6 +159,8 @@ def run(cluster, work: Path, *, python: str = sys.executable, step_delay: float 
                 out = subprocess.run([python, "-m", "slurm_elastic.cli", "status", "--state-dir", str(state_dir)],
                                      env=env, capture_output=True, text=True, timeout=60, check=False).stdout
                 snapshots.append(out)
+                with open(work / "status.log", "a") as f:  # what status said, kept for a post-mortem
+                    f.write(f"== {time.strftime('%H:%M:%S')}\n{out}\n")
                 if live:
                     print(time.strftime("%H:%M:%S"), "slurm-elastic status", flush=True)
                     print(out, flush=True)
