@@ -34,7 +34,8 @@ Rules:
   priority order when they would fit at the elastic minimums (``pools.reserve_rigid``): the reserved
   GPUs leave the capacity, the node map and ``node_free``; elastic jobs on them are capped below their
   size; ``Snapshot.kept_for_rigid`` says what was reserved, for whom, and who waits and why.
-- **Time limits**: a running job whose restart could not pay back before its ``--time`` is frozen.
+- **Time limits**: a running job whose ``--time`` ends within one restart is frozen; one where no grow
+  could repay its restart before the limit is not grown (it may still be shrunk for other jobs).
 - **Priority order** handed to the policy: Slurm priority when set and non-zero (higher first), then
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
@@ -538,9 +539,14 @@ def _pool_requests(reqs, res, allowed, pinned, pools, records, model_for_type, n
             q = replace(q, spec=replace(q.spec, max_gpus=max(q.spec.min_gpus, cap)))
         if r is not None and q.running_gpus > 0 and not q.frozen and r.time_limit_s and r.start_time is not None:
             left = r.start_time + r.time_limit_s - now
-            best = min(q.spec.max_gpus, max(capacity, 0)) / q.running_gpus  # a linear grow: the most a rescale gains
-            if left <= q.restart_s or best * (left - q.restart_s) <= left:
-                q = replace(q, frozen=True)
+            best = min(q.spec.max_gpus, max(capacity, 0)) / q.running_gpus  # a linear grow: the most a grow gains
+            if left <= q.restart_s:
+                q = replace(q, frozen=True)  # any restart would use up the time it has left
+            elif best > 1 and best * (left - q.restart_s) <= left:
+                # No grow repays its restart before the limit; a shrink for other jobs stays possible (a
+                # job at its maximum, or holding all the GPUs, was frozen here for its whole --time, a year
+                # for a job Slurm 22.05's backfill started without one: it was never shrunk for anyone).
+                q = replace(q, spec=replace(q.spec, max_gpus=max(q.spec.min_gpus, q.running_gpus)))
         if multi and r is not None:
             names = allowed.get(q.job_id, ())
             models, unscaled = [], []

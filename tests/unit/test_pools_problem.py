@@ -163,6 +163,29 @@ def test_time_limit_freezes_a_rescale_that_cannot_pay_back():
     assert q[1].frozen and not q[2].frozen
 
 
+def test_a_time_limit_stops_grows_that_cannot_pay_back_but_never_a_shrink_for_other_jobs():
+    # Seen in CI: Slurm 22.05's backfill gives a job started without --time a one-year limit; a job holding
+    # every GPU (no grow possible) was frozen for that whole year, so a pending job was never admitted.
+    from slurm_elastic.policies import get_policy
+
+    nodes = [node("n1", used=4), node("n2", used=4)]
+    spec = toy_spec(min_gpus=1, max_gpus=8, batch=16)
+    year = job(1, "RUNNING", 8, ["n1", "n2"], held=False, comment=spec.to_comment(), time_limit_s=365 * 86400,
+               start_time=900)
+    newcomer = job(2, "PENDING", 0, comment=toy_spec(min_gpus=2, max_gpus=4, batch=16).to_comment())
+    snap = build([year, newcomer], nodes)
+    q = {r.job_id: r for r in snap.problem.jobs}
+    assert not q[1].frozen and q[1].spec.max_gpus == 8
+    a = get_policy("dp").allocate(snap.problem)
+    assert 1 <= a.jobs[1].gpus < 8 and a.jobs[2].gpus >= 2, a.jobs
+    # 60 s left and a 45 s restart: no grow of a 2-GPU job repays (at most 4x for 15 s < 60 s at 1x), so
+    # it is not grown; it is not frozen either (a shrink stays possible)
+    short = job(3, "RUNNING", 2, ["n1"], held=False, comment=spec.to_comment(), time_limit_s=600,
+                start_time=1000 - 540)
+    q = {r.job_id: r for r in build([short], [node("n1"), node("n2")]).problem.jobs}
+    assert not q[3].frozen and q[3].spec.max_gpus == 2
+
+
 def test_rigid_jobs_waiting_for_something_else_than_gpus_get_no_reservation():
     nodes = [node(f"n{i}", 4, used=4) for i in range(1, 3)]
     jobs = [job(1, "RUNNING", 8, ["n1", "n2"], held=False),
