@@ -23,8 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from slurm_elastic.backends.cli import CliBackend  # noqa: E402
+from slurm_elastic.daemon.acks import CheckpointDirAck  # noqa: E402
 from slurm_elastic.daemon.config import load_config  # noqa: E402
-from slurm_elastic.daemon.loop import CheckpointDirAck, Daemon, setup_logging  # noqa: E402
+from slurm_elastic.daemon.loop import Daemon, setup_logging  # noqa: E402
 
 STEPS = ("signal", "ack", "requeue_hold", "update", "release")
 

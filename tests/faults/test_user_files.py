@@ -28,7 +28,9 @@ from faultlib import jobs_by_id, scancel, unix_users, wait_for
 
 from slurm_elastic.cluster import ClusterError
 from slurm_elastic.daemon.config import config_from_dict
-from slurm_elastic.daemon.loop import DEFAULT_MODEL, Daemon, LogfmtFormatter
+from slurm_elastic.daemon.logfmt import LogfmtFormatter
+from slurm_elastic.daemon.loop import Daemon
+from slurm_elastic.daemon.models import DEFAULT_MODEL
 
 pytestmark = [pytest.mark.slurm]
 USERS = ("h11a_u1", "h11a_u2")

@@ -9,8 +9,9 @@ from slurm_elastic import planner as pl
 from slurm_elastic.backends.simulated import SimulatedSlurm
 from slurm_elastic.daemon.caps import CappedPolicy
 from slurm_elastic.daemon.config import ConfigError, config_from_dict, load_config
-from slurm_elastic.daemon.loop import Daemon, ModelRegistry
+from slurm_elastic.daemon.loop import Daemon
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
+from slurm_elastic.daemon.models import ModelRegistry
 from slurm_elastic.daemon.state import DaemonLock, LockHeld, StateDB, action_from_json, action_to_json
 from slurm_elastic.policies import get_policy
 from slurm_elastic.policies.base import AllocationProblem, JobRequest

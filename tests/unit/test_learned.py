@@ -13,7 +13,7 @@ from sim_helpers import toy_spec
 
 from slurm_elastic import planner as pl
 from slurm_elastic.backends.base import JobRecord, NodeRecord
-from slurm_elastic.daemon.loop import DEFAULT_MODEL, ModelRegistry
+from slurm_elastic.daemon.models import DEFAULT_MODEL, ModelRegistry
 from slurm_elastic.policies.base import Allocation, JobAllocation
 from slurm_elastic.problem import build_problem
 from slurm_elastic.profiles.learned import GROWTH_WHILE_UNCERTAIN, JobFacts, learn
@@ -243,7 +243,7 @@ def test_progress_ranks_by_remaining_work_but_a_claim_cannot_be_raised_frozen_or
     # stands, samples seen only go up, a spent or frozen claim is dropped (remaining unknown).
     from dataclasses import replace
 
-    from slurm_elastic.daemon import loop as loop_mod
+    from slurm_elastic.daemon import models as loop_mod
 
     rec, spec = _job(SPEC, tmp_path, gpus=4)
     rec = replace(rec, start_time=1000)
@@ -282,7 +282,7 @@ def test_a_claim_must_progress_at_a_share_of_the_job_s_own_measured_rate(tmp_pat
     # quarter of what its own verified throughput says it trained. The next stretch decides again.
     from dataclasses import replace
 
-    from slurm_elastic.daemon import loop as loop_mod
+    from slurm_elastic.daemon import models as loop_mod
 
     rec, spec = _job(SPEC, tmp_path, gpus=4)
     rec = replace(rec, start_time=1000)

@@ -16,7 +16,9 @@ import pytest
 
 from slurm_elastic.backends.base import JobRecord
 from slurm_elastic.daemon import userfiles as uf
-from slurm_elastic.daemon.loop import CheckpointDirAck, LogfmtFormatter, ModelRegistry, logfmt_value
+from slurm_elastic.daemon.acks import CheckpointDirAck
+from slurm_elastic.daemon.logfmt import LogfmtFormatter, logfmt_value
+from slurm_elastic.daemon.models import ModelRegistry
 from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
 from slurm_elastic.daemon.siterules import SiteRules
 from slurm_elastic.daemon.watchdog import EXIT_STUCK, Watchdog, sd_notify

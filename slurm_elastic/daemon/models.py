@@ -1,0 +1,217 @@
+"""Every job's throughput model and progress claim, from what it reports in its ckpt_dir.
+
+The one place where a job's own reports (``throughput.json``) enter the daemon: read through
+:mod:`userfiles`, checked by :mod:`reports`, verified against what Slurm showed (:class:`RunEvidence`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from slurm_elastic.backends.base import JobRecord
+from slurm_elastic.daemon.logfmt import event
+from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
+from slurm_elastic.daemon.userfiles import UserFileError
+from slurm_elastic.daemon.userfiles import read_json as read_user_json
+from slurm_elastic.problem import JobInfo
+from slurm_elastic.profiles import Observation, ParametricModel, model_for_spec
+from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.profiles.learned import JobFacts, learn
+from slurm_elastic.spec import ElasticSpec
+
+# The conservative default prior, until a job reports or names a profile: ~0.1 s compute per 100 samples
+# per GPU, all-reduce 10 ms + 2 ms per extra GPU, 20 ms more across nodes (about 85% efficiency at 8
+# GPUs). Its scale is matched to the job's first report (profiles/learned.py).
+DEFAULT_MODEL = ParametricModel([0.01, 0.001, 0.01, 0.002, 0.02, 0.005], name="default")
+
+
+@dataclass
+class ModelRegistry:
+    """The model of every job: its prior (profile, declared points, default) and what it reported.
+
+    The report (``throughput.json`` in the job's ckpt_dir: points, noise scale, base batch, first-step
+    times per restart) is read through :mod:`userfiles` (no symlinks, FIFOs, foreign files or unbounded
+    reads) and checked by :mod:`reports` (finite, in range; points kept only when consistent with how
+    long Slurm ran the job on that GPU count). A bad report is that job's problem (``problems``, logged
+    once per change); the job keeps its prior. Returns a :class:`LearnedModel` carrying provenance,
+    uncertainty and the reported facts. The restart cost is measured from the daemon's signal times
+    (:meth:`note_signal`) and the job's first step after the restart; new figures wait in
+    :attr:`measured` for the daemon's decision log.
+    """
+
+    node_size: int = 4
+    evidence: RunEvidence = field(default_factory=RunEvidence)
+    _models: dict = field(default_factory=dict)  # job id -> (key, model): same inputs, same object
+    sources: dict = field(default_factory=dict)  # job id -> provenance of its model, shown by status
+    problems: dict = field(default_factory=dict)  # job id -> what was wrong with its report
+    signals: dict = field(default_factory=dict)  # (job id, restart count) -> wall time of the resize signal
+    restarts: dict = field(default_factory=dict)  # (job id, restart) -> {"daemon_s", "job_s"}
+    measured: list = field(default_factory=list)  # new restart measurements: (job id, restart, figures)
+    claims: dict = field(default_factory=dict)  # job id -> {"total", "seen", "changed"}: its progress claim
+    progress: dict = field(default_factory=dict)  # job id -> JobInfo for the policy (problem.JobInfo)
+    # A running job whose reported samples have not grown for this long has its remaining work ignored.
+    STALE_PROGRESS_S = 1800.0
+    # ... and over each such stretch of running, they must grow by at least this share of what its own
+    # verified throughput says it did (a token bump every half hour keeps no claim alive).
+    MIN_PROGRESS_SHARE = 0.25
+
+    def _progress(self, job: JobRecord, report: dict | None, now: float, rate: float | None = None) -> JobInfo:
+        """What the policy ranks the job by: the GPU-seconds Slurm has shown it running (attained service,
+        never the job's word) and the work it has left, from its report. The report is user-controlled
+        and a smaller remaining ranks a job first under ``completion``, so: the total is the one the job
+        first reported (a later one is ignored), the samples seen only go up, and a claim is dropped
+        (remaining unknown: ranked by attained service) once it is spent, or has not moved while the job
+        ran ``STALE_PROGRESS_S``, or, over each such stretch of running (from Slurm's GPU-seconds), grew
+        by less than ``MIN_PROGRESS_SHARE`` of what ``rate`` (its verified samples/s at its current
+        count) says it trained; the next stretch decides again."""
+        attained = self.evidence.gpu_seconds(job.job_id)
+        seen = (report or {}).get("samples_seen")
+        total = (report or {}).get("total_samples")
+        c = self.claims.get(job.job_id)
+        if c is None and total is not None:
+            c = self.claims[job.job_id] = {"total": float(total), "seen": None, "changed": now}
+        if c is None:
+            return JobInfo(attained_gpu_s=attained)
+        if seen is not None and (c["seen"] is None or seen > c["seen"]):
+            c["seen"], c["changed"] = float(seen), now
+        if c["seen"] is None:
+            return JobInfo(attained_gpu_s=attained)
+        if "w_seen" not in c:  # the first stretch starts at the first samples seen
+            c["w_seen"], c["w_att"], c["credible"] = c["seen"], attained, True
+        gpus = job.gpus_total if job.is_running else 0
+        if rate and gpus > 0:
+            ran_s = (attained - c["w_att"]) / gpus
+            if ran_s >= self.STALE_PROGRESS_S:
+                c["credible"] = c["seen"] - c["w_seen"] >= self.MIN_PROGRESS_SHARE * rate * ran_s
+                c["w_seen"], c["w_att"] = c["seen"], attained
+        left = c["total"] - c["seen"]
+        run_s = now - job.start_time if job.is_running and job.start_time else 0.0
+        stale = now - c["changed"] > self.STALE_PROGRESS_S and run_s > self.STALE_PROGRESS_S
+        trusted = left > 0 and not stale and c["credible"]
+        return JobInfo(attained_gpu_s=attained, remaining_samples=left if trusted else None)
+
+    def _problem(self, job_id: int, text: str | None) -> None:
+        if text and self.problems.get(job_id) != text:
+            event(logging.WARNING, "throughput report not used", job=job_id, error=text)
+        if text:
+            self.problems[job_id] = text
+        else:
+            self.problems.pop(job_id, None)
+
+    def note_signal(self, job_id: int, restart_count: int | None, when: float) -> None:
+        if restart_count is not None:
+            self.signals.setdefault((int(job_id), int(restart_count)), when)
+
+    def _report(self, job: JobRecord, spec: ElasticSpec) -> tuple[list[Observation], dict | None, int]:
+        """(observations from verified points, the rest of the report, unverified points ignored).
+
+        The report is ``None`` when the job has no directory, ``{}`` when its file was rejected."""
+        from slurm_elastic.train.protocol import THROUGHPUT_NAME, parse_report
+
+        d = spec.checkpoint_dir(job.job_id, job.work_dir)
+        if not d:
+            return [], None, 0
+        try:
+            data = read_user_json(d, THROUGHPUT_NAME, job.user_id)
+            points = validate_report(data, job.job_id) if data is not None else []
+        except UserFileError as e:
+            self._problem(job.job_id, f"{e.path}: {e.reason}")
+            return [], {}, 0
+        except ReportError as e:
+            self._problem(job.job_id, f"{d.rstrip('/')}/{THROUGHPUT_NAME}: {e}")
+            return [], {}, 0
+        except OSError as e:
+            self._problem(job.job_id, f"{d}: {e.strerror or e}")
+            return [], {}, 0
+        report = parse_report(data if isinstance(data, dict) else {})
+        report.pop("points", None)
+        verified, why = verify_points(points, job.job_id, self.evidence)
+        self._problem(job.job_id, f"unverified points ignored: {'; '.join(why)[:300]}" if why else None)
+        obs = []
+        for p in verified:
+            k, b, sps = p["gpus"], p["batch"], float(p["samples_per_s"])
+            split = spec.split_batch(k, b)
+            if split is None:
+                continue
+            nodes = 1 if k <= self.node_size else -(-k // self.node_size)
+            obs.append(Observation(k, nodes, split[0], split[1], sps))
+        return obs, report, len(why)
+
+    def reported(self, job: JobRecord, spec: ElasticSpec) -> list[Observation]:
+        return self._report(job, spec)[0]
+
+    def _restart_s(self, job: JobRecord, starts: list[dict]) -> float | None:
+        """Mean measured restart cost: the daemon's signal -> first step when known, else the job's own
+        stop -> first step. New measurements are queued in :attr:`measured`."""
+        for st in starts:
+            r = st["restart_count"]
+            key = (job.job_id, r)
+            if r < 1 or key in self.restarts:
+                continue
+            sig = self.signals.get((job.job_id, r - 1))
+            daemon_s = st["first_step"] - sig if sig is not None and st["first_step"] > sig else None
+            job_s = st["first_step"] - st["stop"] if st.get("stop") and st["first_step"] > st["stop"] else None
+            if daemon_s is None and job_s is None:
+                continue
+            fig = {"daemon_s": daemon_s, "job_s": job_s}
+            self.restarts[key] = fig
+            self.measured.append((job.job_id, r, fig))
+        return self.restart_cost(job.job_id)
+
+    def restart_cost(self, job_id: int) -> float | None:
+        """Mean of the job's measured restart costs (daemon's view first), None before any."""
+        vals = [f["daemon_s"] if f["daemon_s"] is not None else f["job_s"]
+                for (j, _), f in self.restarts.items() if j == job_id]
+        return sum(vals) / len(vals) if vals else None
+
+    def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
+        obs, report, unverified = self._report(job, spec)
+        here = [o.samples_per_s for o in obs if job.is_running and o.gpus == job.gpus_total]
+        self.progress[job.job_id] = self._progress(job, report, time.time(), max(here) if here else None)
+        starts = (report or {}).get("starts", [])
+        facts = JobFacts(noise_scale=(report or {}).get("noise_scale"), base_batch=(report or {}).get("base_batch"),
+                         restart_s=self._restart_s(job, starts),
+                         stepped_restarts=None if report is None else frozenset(st["restart_count"] for st in starts))
+        if spec.profile or spec.points:
+            prior = model_for_spec(spec, self.node_size, job.job_id)  # SpecError names the job and field
+            kind = "profile" if spec.profile else "declared"
+        else:
+            prior, kind = DEFAULT_MODEL, "prior"
+        running = job.gpus_total if job.is_running else 0
+        key = (tuple(obs), id(prior), kind, running, spec.min_gpus, facts)
+        hit = self._models.get(job.job_id)
+        if hit is not None and hit[0] == key:
+            model = hit[1]
+        else:
+            model = learn(prior, kind, obs, running_gpus=running, min_gpus=spec.min_gpus, facts=facts,
+                          name=f"job{job.job_id}")
+            self._models[job.job_id] = (key, model)
+        note = ""
+        if unverified:
+            note = f", {unverified} unverified ignored"
+        elif job.job_id in self.problems:
+            note = " (report rejected)"
+        self.sources[job.job_id] = model.provenance + note + self._progress_note(job.job_id)
+        return model
+
+    def _progress_note(self, job_id: int) -> str:
+        """What ``status`` shows of the job's progress claim: how far it is, or why it is not used."""
+        c = self.claims.get(job_id)
+        if not c or c["seen"] is None:
+            return ""
+        info = self.progress.get(job_id)
+        if info is not None and info.remaining_samples is not None:
+            return f", {100 * c['seen'] / c['total']:.0f}% of {c['total']:.3g} samples done"
+        return ", progress not used (spent, stalled, or slower than its measured throughput)"
+
+    def forget(self, live: set) -> None:
+        """Drop what is kept for jobs no longer in Slurm."""
+        self._models = {j: v for j, v in self._models.items() if j in live}
+        self.claims = {j: v for j, v in self.claims.items() if j in live}
+        self.progress = {j: v for j, v in self.progress.items() if j in live}
+        self.sources = {j: v for j, v in self.sources.items() if j in live}
+        self.problems = {j: v for j, v in self.problems.items() if j in live}
+        self.signals = {k: v for k, v in self.signals.items() if k[0] in live}
+        self.restarts = {k: v for k, v in self.restarts.items() if k[0] in live}
