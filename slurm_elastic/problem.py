@@ -131,6 +131,8 @@ class Snapshot:
     pools: tuple[NodePool, ...] = ()
     kept_for_rigid: KeptForRigid = field(default_factory=KeptForRigid)
     partitions_of: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # elastic job -> its partitions
+    # Running jobs whose Comment turned invalid, scheduled on their last valid spec (shrink only) -> why
+    degraded: Mapping[int, SpecError] = field(default_factory=dict)
 
 
 class SpecCache:
@@ -142,6 +144,9 @@ class SpecCache:
         self._sps: dict[tuple, float] = {}
         self._rec: dict[int, tuple] = {}
         self.max_size = max_size
+        # job id -> the last spec that passed every check (parser, site rules): what a running job is
+        # held to when its Comment turns invalid (it may then shrink, never grow). The daemon persists it.
+        self.last_valid: dict[int, ElasticSpec] = {}
 
     def record_hit(self, record: JobRecord, context: tuple):
         """What :func:`build_problem` derived from this very record object (identity, not equality) in
@@ -222,6 +227,30 @@ def _with_info(req: JobRequest, r: JobRecord, job_info: JobInfoFor | None) -> Jo
                    attained_gpu_s=info.attained_gpu_s, remaining_samples=info.remaining_samples)
 
 
+def _fallback_spec(r: JobRecord, cache: SpecCache, in_flight: Mapping[int, int]) -> ElasticSpec | None:
+    """A job whose spec turned invalid after the daemon validated it keeps its last valid spec for every
+    decision that takes GPUs from it: capped at the GPUs it holds (or is being resized to, or was
+    started at), so it can be shrunk, never grown. None for a job with no GPUs or no valid spec known."""
+    last = cache.last_valid.get(r.job_id)
+    if last is None:
+        return None
+    held = in_flight.get(r.job_id)
+    if held is None:
+        if r.is_running:
+            held = r.gpus_total
+        elif r.is_pending and not r.held and r.admin_comment:
+            try:
+                d = cache.decision(r.admin_comment, r.job_id)
+            except SpecError:
+                d = None
+            held = d.gpus if d is not None else 0
+    if not held or held <= 0:
+        return None
+    cap = min(last.max_gpus, held)
+    gpus = last.gpus if last.gpus is not None and last.gpus <= cap else None
+    return replace(last, max_gpus=cap, min_gpus=min(last.min_gpus, cap), gpus=gpus)
+
+
 def node_size_of(nodes: Iterable[NodeRecord]) -> int:
     return most_common_size(n.gpus_total for n in nodes)
 
@@ -253,6 +282,7 @@ def build_problem(
     ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known;
     ``left_alone`` maps job id -> reason for elastic jobs the driver must not act on."""
     parts = None if partitions is None else frozenset(partitions)
+    jobs = jobs if isinstance(jobs, (list, tuple)) else list(jobs)
     in_flight = in_flight or {}
     cache = spec_cache or SpecCache()
 
@@ -274,6 +304,7 @@ def build_problem(
     elastic: list[JobRecord] = []
     specs: dict[int, ElasticSpec] = {}
     errors: dict[int, SpecError] = {}
+    degraded: dict[int, SpecError] = {}  # running on its last valid spec: its Comment turned invalid
     unmanaged: dict[int, str] = {}
     left_alone = left_alone or {}
     for r in jobs:
@@ -296,6 +327,16 @@ def build_problem(
                 elastic.append(r)
                 continue
             except SpecError as e:
+                fallback = _fallback_spec(r, cache, in_flight)
+                try:
+                    if fallback is not None:
+                        allowed[r.job_id], pinned[r.job_id] = _job_pools(r, node_pools, pool_of_node, managed_names)
+                        degraded[r.job_id] = e
+                        specs[r.job_id] = fallback
+                        elastic.append(r)
+                        continue
+                except SpecError:
+                    pass
                 errors[r.job_id] = e
         elif (r.is_pending and not r.held and managed_partition(r.partition) and not is_elastic_comment(r.comment)
               and (r.gpus_total > 0 or r.gpus_per_node > 0) and r.state_reason in RIGID_WAITING):
@@ -312,6 +353,9 @@ def build_problem(
             else:
                 held = r.gpus_total
             non_elastic_gpus += held
+    active = {r.job_id for r in jobs if r.is_active}
+    for jid in [j for j in cache.last_valid if j not in active]:
+        del cache.last_valid[jid]
     non_elastic_gpus = min(non_elastic_gpus, managed_gpus)
     capacity = managed_gpus - non_elastic_gpus
 
@@ -328,13 +372,24 @@ def build_problem(
         try:
             model = model_for(r, spec)
         except SpecError as e:
-            # e.g. profile=NAME with a well-formed but unknown name: this job is reported, the cycle goes on
-            # (found by tests/faults: it used to fail every cycle of the daemon, for every job).
-            errors[r.job_id] = e
-            specs.pop(r.job_id)
-            if r.is_running:
-                capacity -= r.gpus_total
-            continue
+            # e.g. profile=NAME with a well-formed but unknown name, or a ckpt_dir the site refuses: this
+            # job is reported, the cycle goes on (found by tests/faults: it used to fail every cycle of
+            # the daemon, for every job). A running job falls back to its last valid spec (may shrink).
+            fallback = None if r.job_id in degraded else _fallback_spec(r, cache, in_flight)
+            try:
+                model = model_for(r, fallback) if fallback is not None else None
+            except SpecError:
+                model = None
+            if model is None:
+                errors[r.job_id] = e
+                specs.pop(r.job_id)
+                if r.is_running:
+                    capacity -= r.gpus_total
+                continue
+            degraded[r.job_id] = e
+            spec = specs[r.job_id] = fallback
+        if r.job_id not in degraded:
+            cache.last_valid[r.job_id] = spec
         hit = cache.record_hit(r, (target, size, default_restart_s, model))
         if hit is not None:
             req, view, d = hit
@@ -441,6 +496,7 @@ def build_problem(
         pools=tuple(node_pools),
         kept_for_rigid=res,
         partitions_of={r.job_id: r.partitions for r in elastic if r.job_id in specs},
+        degraded=degraded,
     )
 
 

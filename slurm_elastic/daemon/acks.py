@@ -17,8 +17,11 @@ class CheckpointDirAck:
     then times out and the job keeps running), and never blocks the daemon.
     """
 
-    def __init__(self, records):
+    def __init__(self, records, specs=None):
         self.records = records  # callable: job id -> JobRecord of the latest read
+        # job id -> the spec the daemon schedules the job by (its last valid one when its Comment turned
+        # invalid: the ack is then still read where the job writes it); None: parse the Comment
+        self.specs = specs or (lambda job_id: None)
         self._said: dict[int, str] = {}  # job id -> the last problem logged (once per change, not per poll)
 
     def checkpoint_acked(self, job_id: int) -> bool:
@@ -27,10 +30,12 @@ class CheckpointDirAck:
         job = self.records().get(int(job_id))
         if job is None:
             return False
-        try:
-            spec = parse_spec(job.comment, job.job_id)
-        except SpecError:
-            return False
+        spec = self.specs(job.job_id)
+        if spec is None:
+            try:
+                spec = parse_spec(job.comment, job.job_id)
+            except SpecError:
+                return False
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return False

@@ -34,6 +34,7 @@ from slurm_elastic.backends.base import (
     SlurmParseError,
     preemption_refusal,
 )
+from slurm_elastic.claims import ClaimBook
 from slurm_elastic.daemon.acks import CheckpointDirAck
 from slurm_elastic.daemon.caps import CappedPolicy
 from slurm_elastic.daemon.config import ConfigError, DaemonConfig, check_managed_partitions, load_config
@@ -71,7 +72,8 @@ class Daemon:
         self.rules = SiteRules(config.max_weight, config.state_dir)
         self.watchdog = Watchdog(config.watchdog_s)
         self.records: dict[int, JobRecord] = {}
-        self.ack = ack if ack is not None else CheckpointDirAck(lambda: self.records)
+        self.ack = ack if ack is not None else CheckpointDirAck(lambda: self.records,
+                                                                lambda j: self.state.spec_cache.last_valid.get(j))
         self.clock = clock
         self.cycle_no = 0
         self._limits: tuple[float, dict] | None = None  # (when read, partition -> PartitionRecord)
@@ -97,6 +99,8 @@ class Daemon:
         self._notes: dict[int, str] = {}  # job -> last logged oversight note
         self._crash_requeued: set[int] = set()  # jobs the crash policy requeued (held) this cycle
         self._left: dict[int, str] = {}  # job -> why it was left alone last cycle
+        self._degraded: dict[int, str] = {}  # job -> why its Comment is invalid (on its last valid spec)
+        self._saved_specs: dict[str, str] = {}  # job -> last valid spec's Comment, as saved in the DB
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
@@ -114,6 +118,9 @@ class Daemon:
                                signal=self.config.signal, journal=None if self.dry_run else self.journal)
         self.state.books = self.db.load_books()
         self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
+        self.models.claims = ClaimBook.from_json(self.db.get_meta("claims", {}))
+        self._saved_specs = self.db.get_meta("valid_specs", {})
+        self.state.spec_cache.last_valid.update(_restore_specs(self._saved_specs))
         self._was_elastic = set(self.db.job_views())
         if not self.dry_run:
             self.watchdog.progress("reconcile at start")
@@ -387,6 +394,11 @@ class Daemon:
         for jid, err in snap.errors.items():
             self.metrics.inc("slurm_elastic_errors_total", kind="spec")
             event(logging.WARNING, "bad elastic spec; job not managed", job=jid, error=str(err))
+        for jid, err in snap.degraded.items():
+            if self._degraded.get(jid) != str(err):
+                event(logging.WARNING, "elastic spec turned invalid; kept on its last valid spec (may shrink, "
+                      "never grow)", job=jid, error=str(err))
+        self._degraded = {j: str(e) for j, e in snap.degraded.items()}
         for jid, why in snap.unmanaged.items():
             if self._left.get(jid) != why:
                 event(logging.WARNING, "elastic job left alone", job=jid, reason=why)
@@ -449,7 +461,9 @@ class Daemon:
                 "samples_per_s": sps, "efficiency": eff, "rescales": book.rescales if book else 0,
                 "last_change": (time.time() - (self.clock() - book.last_change_s))
                 if book and book.last_change_s is not None else None,
-                "reason": plan_reason.get(v.job_id) or (a.reason if a else "") or "",
+                "reason": (f"spec invalid ({snap.degraded[v.job_id]}): kept on its last valid spec, may shrink, "
+                           f"never grow; " if v.job_id in snap.degraded else "")
+                + (plan_reason.get(v.job_id) or (a.reason if a else "") or ""),
             })
         active = {j.job_id for j in records}
         self.models.evidence.forget_except(active)
@@ -457,6 +471,14 @@ class Daemon:
             for jid in [j for j in d if j not in active]:
                 del d[jid]
         self.db.set_meta("run_evidence", self.models.evidence.to_json())
+        self.db.set_meta("claims", self.models.claims.to_json())
+        # The last valid spec of each job holding GPUs (what it falls back to if its Comment turns invalid)
+        held = {str(v.job_id): snap.specs[v.job_id].to_comment() for v in snap.views
+                if v.gpus and v.job_id in snap.specs and v.job_id not in snap.degraded}
+        held.update({k: c for k, c in self._saved_specs.items() if int(k) in snap.degraded})
+        if held != self._saved_specs:
+            self.db.set_meta("valid_specs", held)
+            self._saved_specs = held
         self.db.set_meta("models", {str(j): {"model": src, "report_error": self.models.problems.get(j)}
                                     for j, src in self.models.sources.items()})
         for jid, err in snap.errors.items():
@@ -591,6 +613,19 @@ class _DryEnactor:
                 self.planned.append(a)
                 out.append(ActionResult(a, "planned", "dry run: not enacted", 0.0))
         return out
+
+
+def _restore_specs(saved) -> dict[int, ElasticSpec]:
+    """The saved last valid specs (daemon's own DB); anything that no longer parses is dropped."""
+    from slurm_elastic.spec import parse_spec
+
+    out = {}
+    for k, comment in (saved.items() if isinstance(saved, dict) else ()):
+        try:
+            out[int(k)] = parse_spec(comment, k)
+        except (SpecError, ValueError, TypeError):
+            continue
+    return out
 
 
 def default_state_dir_for(config_path: str | os.PathLike | None) -> Path:

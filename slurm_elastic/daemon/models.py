@@ -7,10 +7,10 @@ The one place where a job's own reports (``throughput.json``) enter the daemon: 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 from slurm_elastic.backends.base import JobRecord
+from slurm_elastic.claims import ClaimBook, Evidence
 from slurm_elastic.daemon.logfmt import event
 from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
 from slurm_elastic.daemon.userfiles import UserFileError
@@ -49,48 +49,27 @@ class ModelRegistry:
     signals: dict = field(default_factory=dict)  # (job id, restart count) -> wall time of the resize signal
     restarts: dict = field(default_factory=dict)  # (job id, restart) -> {"daemon_s", "job_s"}
     measured: list = field(default_factory=list)  # new restart measurements: (job id, restart, figures)
-    claims: dict = field(default_factory=dict)  # job id -> {"total", "seen", "changed"}: its progress claim
+    claims: ClaimBook = field(default_factory=ClaimBook)  # the trust rule over progress and noise scale
     progress: dict = field(default_factory=dict)  # job id -> JobInfo for the policy (problem.JobInfo)
-    # A running job whose reported samples have not grown for this long has its remaining work ignored.
-    STALE_PROGRESS_S = 1800.0
-    # ... and over each such stretch of running, they must grow by at least this share of what its own
-    # verified throughput says it did (a token bump every half hour keeps no claim alive).
-    MIN_PROGRESS_SHARE = 0.25
+    notes: dict = field(default_factory=dict)  # job id -> what status shows of its claims
+    trusted_noise: dict = field(default_factory=dict)  # job id -> its noise scale as far as it is trusted
 
-    def _progress(self, job: JobRecord, report: dict | None, now: float, rate: float | None = None) -> JobInfo:
+    def _trusted(self, job: JobRecord, spec: ElasticSpec, report: dict | None, obs: list[Observation]) -> JobInfo:
         """What the policy ranks the job by: the GPU-seconds Slurm has shown it running (attained service,
-        never the job's word) and the work it has left, from its report. The report is user-controlled
-        and a smaller remaining ranks a job first under ``completion``, so: the total is the one the job
-        first reported (a later one is ignored), the samples seen only go up, and a claim is dropped
-        (remaining unknown: ranked by attained service) once it is spent, or has not moved while the job
-        ran ``STALE_PROGRESS_S``, or, over each such stretch of running (from Slurm's GPU-seconds), grew
-        by less than ``MIN_PROGRESS_SHARE`` of what ``rate`` (its verified samples/s at its current
-        count) says it trained; the next stretch decides again."""
-        attained = self.evidence.gpu_seconds(job.job_id)
-        seen = (report or {}).get("samples_seen")
-        total = (report or {}).get("total_samples")
-        c = self.claims.get(job.job_id)
-        if c is None and total is not None:
-            c = self.claims[job.job_id] = {"total": float(total), "seen": None, "changed": now}
-        if c is None:
-            return JobInfo(attained_gpu_s=attained)
-        if seen is not None and (c["seen"] is None or seen > c["seen"]):
-            c["seen"], c["changed"] = float(seen), now
-        if c["seen"] is None:
-            return JobInfo(attained_gpu_s=attained)
-        if "w_seen" not in c:  # the first stretch starts at the first samples seen
-            c["w_seen"], c["w_att"], c["credible"] = c["seen"], attained, True
-        gpus = job.gpus_total if job.is_running else 0
-        if rate and gpus > 0:
-            ran_s = (attained - c["w_att"]) / gpus
-            if ran_s >= self.STALE_PROGRESS_S:
-                c["credible"] = c["seen"] - c["w_seen"] >= self.MIN_PROGRESS_SHARE * rate * ran_s
-                c["w_seen"], c["w_att"] = c["seen"], attained
-        left = c["total"] - c["seen"]
-        run_s = now - job.start_time if job.is_running and job.start_time else 0.0
-        stale = now - c["changed"] > self.STALE_PROGRESS_S and run_s > self.STALE_PROGRESS_S
-        trusted = left > 0 and not stale and c["credible"]
-        return JobInfo(attained_gpu_s=attained, remaining_samples=left if trusted else None)
+        never the job's word) and, from its report, the work it has left and its noise scale, as far as
+        the trust rule (:mod:`slurm_elastic.claims`) lets what Slurm saw back them."""
+        rates = [o.samples_per_s for o in obs if o.samples_per_s > 0]
+        here = [o.samples_per_s for o in obs if job.is_running and o.gpus == job.gpus_total]
+        ev = Evidence(running_s=self.evidence.running_seconds(job.job_id),
+                      gpus=job.gpus_total if job.is_running else 0,
+                      rate=max(here) if here else None, best_rate=max(rates) if rates else None)
+        r = report or {}
+        t = self.claims.update(job.job_id, job.user, ev, seen=r.get("samples_seen"), total=r.get("total_samples"),
+                               noise_scale=r.get("noise_scale"), max_batch=spec.max_batch,
+                               requested_batch=spec.requested_batch)
+        self.notes[job.job_id] = t.note
+        self.trusted_noise[job.job_id] = t.noise_scale  # goes to the model's facts (with its base batch)
+        return JobInfo(attained_gpu_s=self.evidence.gpu_seconds(job.job_id), remaining_samples=t.remaining_samples)
 
     def _problem(self, job_id: int, text: str | None) -> None:
         if text and self.problems.get(job_id) != text:
@@ -168,10 +147,9 @@ class ModelRegistry:
 
     def __call__(self, job: JobRecord, spec: ElasticSpec) -> ThroughputModel:
         obs, report, unverified = self._report(job, spec)
-        here = [o.samples_per_s for o in obs if job.is_running and o.gpus == job.gpus_total]
-        self.progress[job.job_id] = self._progress(job, report, time.time(), max(here) if here else None)
+        self.progress[job.job_id] = self._trusted(job, spec, report, obs)
         starts = (report or {}).get("starts", [])
-        facts = JobFacts(noise_scale=(report or {}).get("noise_scale"), base_batch=(report or {}).get("base_batch"),
+        facts = JobFacts(noise_scale=self.trusted_noise.get(job.job_id), base_batch=(report or {}).get("base_batch"),
                          restart_s=self._restart_s(job, starts),
                          stepped_restarts=None if report is None else frozenset(st["restart_count"] for st in starts))
         if spec.profile or spec.points:
@@ -198,18 +176,15 @@ class ModelRegistry:
 
     def _progress_note(self, job_id: int) -> str:
         """What ``status`` shows of the job's progress claim: how far it is, or why it is not used."""
-        c = self.claims.get(job_id)
-        if not c or c["seen"] is None:
-            return ""
-        info = self.progress.get(job_id)
-        if info is not None and info.remaining_samples is not None:
-            return f", {100 * c['seen'] / c['total']:.0f}% of {c['total']:.3g} samples done"
-        return ", progress not used (spent, stalled, or slower than its measured throughput)"
+        note = self.notes.get(job_id)
+        return f", {note}" if note else ""
 
     def forget(self, live: set) -> None:
         """Drop what is kept for jobs no longer in Slurm."""
         self._models = {j: v for j, v in self._models.items() if j in live}
-        self.claims = {j: v for j, v in self.claims.items() if j in live}
+        self.claims.forget(live)
+        self.notes = {j: v for j, v in self.notes.items() if j in live}
+        self.trusted_noise = {j: v for j, v in self.trusted_noise.items() if j in live}
         self.progress = {j: v for j, v in self.progress.items() if j in live}
         self.sources = {j: v for j, v in self.sources.items() if j in live}
         self.problems = {j: v for j, v in self.problems.items() if j in live}

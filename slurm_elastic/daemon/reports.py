@@ -99,6 +99,10 @@ class RunEvidence:
     def seconds_on(self, job_id: int, gpus: int) -> float:
         return sum(last - start for k, start, last in self.runs.get(int(job_id), {}).values() if k == gpus)
 
+    def running_seconds(self, job_id: int) -> float:
+        """Seconds Slurm has shown the job running, over all its runs."""
+        return sum(last - start for _, start, last in self.runs.get(int(job_id), {}).values())
+
     def gpu_seconds(self, job_id: int) -> float:
         """GPU-seconds Slurm has shown the job running, over all its runs (its attained service)."""
         return sum(k * (last - start) for k, start, last in self.runs.get(int(job_id), {}).values())

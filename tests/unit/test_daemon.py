@@ -331,3 +331,37 @@ def test_daemon_refuses_to_start_next_to_slurms_own_preemption(tmp_path, preempt
     for off in ("preempt/none", "(null)", ""):  # 22.05 prints preempt/none when off, 24.11 (null)
         d = _daemon(PreemptingSlurm(off, nodes=2, gpus_per_node=4), tmp_path / off.replace("/", "_").strip("()"))
         d.close()
+
+
+@pytest.mark.parametrize("bad", ["min_gpus=9", "weight=1000000"])
+def test_a_running_job_whose_spec_turns_invalid_keeps_its_last_valid_spec_shrink_only(tmp_path, bad):
+    """Issue 24: a user edits her running job's Comment to one the daemon refuses (a parser error, or a
+    site rule: weight above max_weight). The job stays schedulable on its last valid spec: capped at the
+    GPUs it holds (never grown), shrunk when another user's job needs GPUs; status says why; the
+    fallback survives a daemon restart."""
+    sim = SimulatedSlurm(nodes=2, gpus_per_node=4, checkpoint_s=5, restart_s=10)
+    model = load_profile("cifar10")
+    a = sim.submit(name="A", gpus_per_node=1, comment=SPEC_A, total_samples=4e7, model=model, user="alice")
+    d = _daemon(sim, tmp_path)
+    _run(sim, d, 60)
+    assert sim.get_job(a).is_running and sim.get_job(a).gpus_total == 8
+    sim.jobs[a].comment = SPEC_A.replace("min_gpus=1", bad) if bad.startswith("min") else SPEC_A + "," + bad
+    sim.jobs[a].record = None  # the user's scontrol update: a new record
+    d.cycle()
+    rows = d.db.job_views()
+    assert rows[a]["reason"].startswith("spec invalid ("), rows[a]
+    assert sim.get_job(a).is_running and not sim.get_job(a).held  # still running, managed
+    d.close()
+    d = _daemon(sim, tmp_path)  # a restart keeps the last valid spec
+    b = sim.submit(name="B", gpus_per_node=1, comment=SPEC_B, total_samples=2e5, model=model, user="bob")
+    sizes = []
+    for _ in range(30):
+        d.cycle()
+        sim.advance_to(sim.now + 5)
+        if a in sim.active and sim.get_job(a).is_running:
+            sizes.append(sim.get_job(a).gpus_total)
+        if sim.get_job(b) is not None and sim.get_job(b).is_running:
+            break
+    assert sim.get_job(b).is_running, "the other user's job never started: the invalid spec hoarded GPUs"
+    assert max(sizes) <= 8 and sizes[-1] < 8, sizes  # shrunk for B, never grown
+    d.close()

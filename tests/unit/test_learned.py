@@ -122,7 +122,8 @@ def test_restart_cost_is_measured_from_the_signal_and_the_first_step_and_reaches
     nodes = [NodeRecord("n1", "MIXED", (), 4, 2, 8, ("gpu",))]
     snap = build_problem([rec], nodes, model_for=reg, now=2000.0, default_restart_s=10.0)
     req = snap.problem.jobs[0]
-    assert (req.restart_s, req.noise_scale, req.base_batch) == (pytest.approx(85.0), 250.0, 64)
+    # the noise scale is a claim: its first value counts up to the requested batch (slurm_elastic.claims)
+    assert (req.restart_s, req.noise_scale, req.base_batch) == (pytest.approx(85.0), 64.0, 64)
     assert snap.views[0].stepped is True
     # without the daemon's signal time, the job's own view (stop -> first step) is used
     reg2 = _registry(rec)
@@ -207,8 +208,17 @@ def test_the_daemon_s_learned_noise_scale_drives_the_goodput_objective(tmp_path)
     nodes = [NodeRecord("n1", "MIXED", (), 4, 2, 8, ("gpu",))]
     req = build_problem([rec], nodes, model_for=reg, now=2000.0).problem.jobs[0]
     eff, key = efficiency_for_request(req)
+    # a claim: the first value counts up to the requested batch (64), then at most 2x per half hour run
     assert key[0] == "noise-scale" and key[2] == 64.0
-    assert float(eff(64)) == pytest.approx(1.0) and float(eff(512)) == pytest.approx((250 + 64) / (250 + 512), rel=0.03)
+    assert float(eff(64)) == pytest.approx(1.0) and float(eff(512)) == pytest.approx((64 + 64) / (64 + 512), rel=0.03)
+    reg.evidence.observe(7, 0, 2, 1000.0, 1100.0 + reg.claims.NOISE_DOUBLING_S)  # half an hour more running
+    req = build_problem([rec], nodes, model_for=reg, now=4000.0).problem.jobs[0]
+    assert req.noise_scale == pytest.approx(128.0)
+    reg.evidence.observe(7, 0, 2, 1000.0, 1100.0 + 3 * reg.claims.NOISE_DOUBLING_S)
+    req = build_problem([rec], nodes, model_for=reg, now=8000.0).problem.jobs[0]
+    eff, key = efficiency_for_request(req)
+    assert req.noise_scale == 250.0  # reached the claim
+    assert float(eff(512)) == pytest.approx((250 + 64) / (250 + 512), rel=0.03)
     kept = build_problem([rec], nodes, model_for=reg, now=2000.0,
                          job_info=lambda r: JobInfo(attained_gpu_s=50.0)).problem.jobs[0]
     assert (kept.noise_scale, kept.base_batch, kept.attained_gpu_s) == (250.0, 64, 50.0)
@@ -236,76 +246,84 @@ def test_the_report_carries_progress_and_hostile_figures_are_dropped(tmp_path):
     _report(tmp_path, samples_seen=0, total_samples=0)  # a total of 0 samples is no plan
     assert protocol.read_report(tmp_path)["total_samples"] is None
 
-
-def test_progress_ranks_by_remaining_work_but_a_claim_cannot_be_raised_frozen_or_reused(tmp_path, monkeypatch):
-    # What the completion objective ranks a job by: its remaining work from its report, attained
-    # service from Slurm's view. A user-controlled report cannot buy a better rank: the first total
-    # stands, samples seen only go up, a spent or frozen claim is dropped (remaining unknown).
+def test_progress_ranks_by_remaining_work_once_slurm_backs_the_claim(tmp_path):
+    # What the completion objective ranks a job by: its remaining work from its report, attained service
+    # from Slurm's view. The claim counts only once the job has run its probation with a verified
+    # throughput; the first total stands, samples seen only go up (slurm_elastic.claims).
     from dataclasses import replace
-
-    from slurm_elastic.daemon import models as loop_mod
 
     rec, spec = _job(SPEC, tmp_path, gpus=4)
     rec = replace(rec, start_time=1000)
     reg = _registry(rec)  # Slurm showed it running 100 s on 4 GPUs
-    clock = [2000.0]
-    monkeypatch.setattr(loop_mod.time, "time", lambda: clock[0])
     reg(rec, spec)
     assert reg.progress[7].remaining_samples is None and reg.progress[7].attained_gpu_s == 400.0  # no report
-    _report(tmp_path, samples_seen=1000, total_samples=10000)
+    _report(tmp_path, samples_seen=1000, total_samples=100000)
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 9000
-    assert reg.sources[7].endswith(", 10% of 1e+04 samples done"), reg.sources[7]  # what status shows
-    _report(tmp_path, samples_seen=3000, total_samples=3500)  # a smaller total, to rank first: ignored
+    assert reg.progress[7].remaining_samples is None  # no verified throughput: the claim cannot be checked
+    assert "not used until verified" in reg.sources[7], reg.sources[7]
+    point = [{"gpus": 4, "batch": 64, "samples_per_s": 100.0}]
+    _report(tmp_path, points=point, samples_seen=1000, total_samples=100000)
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 7000
-    _report(tmp_path, samples_seen=2000, total_samples=10000)  # seen going back: kept at the most
+    assert reg.progress[7].remaining_samples == 99000
+    assert reg.sources[7].endswith(", 1% of 1e+05 samples done"), reg.sources[7]  # what status shows
+    _report(tmp_path, points=point, samples_seen=3000, total_samples=3500)  # a smaller total, to rank first
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 7000
-    clock[0] += reg.STALE_PROGRESS_S + 1  # no progress for that long while running: not trusted
+    assert reg.progress[7].remaining_samples == 97000
+    _report(tmp_path, points=point, samples_seen=2000, total_samples=100000)  # seen going back: kept at the most
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples is None
-    assert reg.sources[7].endswith("progress not used (spent, stalled, or slower than its measured throughput)")
-    _report(tmp_path, samples_seen=4000, total_samples=10000)  # progress again: trusted again
-    reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 6000
-    _report(tmp_path, samples_seen=10000, total_samples=10000)  # spent: unknown, ranked by attained
-    reg(rec, spec)
-    assert reg.progress[7].remaining_samples is None
+    assert reg.progress[7].remaining_samples == 97000
     reg.forget(set())
-    assert 7 not in reg.claims and 7 not in reg.progress
+    assert 7 not in reg.claims.jobs and 7 not in reg.progress
 
 
-def test_a_claim_must_progress_at_a_share_of_the_job_s_own_measured_rate(tmp_path, monkeypatch):
-    # A job that reports a small total and bumps its samples seen by a token amount keeps no claim: over
-    # each half hour of running (GPU-seconds Slurm showed), its samples seen must grow by at least a
-    # quarter of what its own verified throughput says it trained. The next stretch decides again.
+def test_a_pending_job_that_never_ran_has_no_standing_to_claim(tmp_path):
+    rec, spec = _job(SPEC, tmp_path, state="PENDING", gpus=0)
+    reg = _registry(rec)
+    _report(tmp_path, points=[{"gpus": 4, "batch": 64, "samples_per_s": 100.0}], samples_seen=9900,
+            total_samples=10000)
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples is None and "not used until verified" in reg.sources[7]
+
+
+def test_a_forged_progress_jump_or_a_creeping_claim_is_not_used_for_the_rest_of_the_job_s_life(tmp_path):
+    # Over-claim: samples seen may not rise faster than the job's verified throughput allows (a jump to
+    # just below the total is caught in the cycle that reads it). Implied finish: a job still running
+    # well past the finish its claim implied (creeping) proved it false. Either way: never used again,
+    # and the user's next job serves a longer probation.
     from dataclasses import replace
-
-    from slurm_elastic.daemon import models as loop_mod
 
     rec, spec = _job(SPEC, tmp_path, gpus=4)
     rec = replace(rec, start_time=1000)
-    reg = _registry(rec)  # Slurm: 100 s on 4 GPUs so far
-    clock = [2000.0]
-    monkeypatch.setattr(loop_mod.time, "time", lambda: clock[0])
+    reg = _registry(rec)
     point = [{"gpus": 4, "batch": 64, "samples_per_s": 100.0}]
-    ran = [100.0]
-    seen = [1000]
-
-    def stretch(gained: int):
-        ran[0] += 2000.0  # 2000 s more on 4 GPUs, as Slurm shows it
-        reg.evidence.observe(7, 0, 4, 1000.0, 1000.0 + ran[0])
-        clock[0] += 2000.0
-        seen[0] += gained
-        _report(tmp_path, points=point, samples_seen=seen[0], total_samples=10**9)
-        reg(rec, spec)
-        return reg.progress[7].remaining_samples
-
-    _report(tmp_path, points=point, samples_seen=seen[0], total_samples=10**9)
+    _report(tmp_path, points=point, samples_seen=1000, total_samples=10**7)
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 10**9 - 1000
-    assert stretch(100_000) == 10**9 - 101_000  # half of 100/s x 2000 s: a plausible pace (restarts, ...)
-    assert stretch(10) is None  # a token bump: not progress
-    assert reg.sources[7].endswith("progress not used (spent, stalled, or slower than its measured throughput)")
-    assert stretch(150_000) == 10**9 - 251_010  # training again: trusted again
+    assert reg.progress[7].remaining_samples == 10**7 - 1000
+    reg.evidence.observe(7, 0, 4, 1000.0, 1130.0)  # 30 s more running: at most 2 x 100/s x (30 + 60) s
+    _report(tmp_path, points=point, samples_seen=10**7 - 10, total_samples=10**7)
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples is None and "verified throughput allows" in reg.sources[7]
+    _report(tmp_path, points=point, samples_seen=10**7 - 9, total_samples=10**7)  # honest from now on: too late
+    reg(rec, spec)
+    assert reg.progress[7].remaining_samples is None
+    assert reg.claims.strikes == {"u": 1}
+    assert reg.claims.probation_s("u") == 2 * reg.claims.PROBATION_S  # colder trust for the user's jobs
+
+    # creeping: a small total from the start, samples seen bumped by a token amount
+    (tmp_path / "b").mkdir()
+    rec2, spec2 = _job(SPEC, tmp_path / "b", gpus=4, jid=8)
+    rec2 = replace(rec2, start_time=1000, user="v")
+    reg.evidence.observe(8, 0, 4, 1000.0, 1100.0)
+    _report(tmp_path / "b", points=point, samples_seen=10, total_samples=2000)
+    reg(rec2, spec2)
+    assert reg.progress[8].remaining_samples == 1990
+    deadline = 100.0 + reg.claims.OVERRUN * 1990 / 100.0 + reg.claims.GRACE_S
+    reg.evidence.observe(8, 0, 4, 1000.0, 1000.0 + deadline - 1)
+    _report(tmp_path / "b", points=point, samples_seen=20, total_samples=2000)
+    reg(rec2, spec2)
+    assert reg.progress[8].remaining_samples == 1980  # not yet past its implied finish
+    reg.evidence.observe(8, 0, 4, 1000.0, 1000.0 + deadline + 1)
+    _report(tmp_path / "b", points=point, samples_seen=30, total_samples=2000)
+    reg(rec2, spec2)
+    assert reg.progress[8].remaining_samples is None and "past the finish its claim implied" in reg.sources[8]
+    assert reg.claims.strikes == {"u": 1, "v": 1}

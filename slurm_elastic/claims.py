@@ -1,0 +1,182 @@
+"""The trust rule: what a job says about itself counts only as far as what Slurm saw makes it plausible.
+
+A job reports the work it has left (``samples_seen`` of ``total_samples``) and its gradient noise scale.
+Both move GPUs: less work left ranks a job first under the ``completion`` objective and makes a rescale
+look too costly for it; a larger noise scale makes large batches (so more GPUs) look efficient. Both are
+the user's word, so :class:`ClaimBook` turns them into scheduling inputs under these rules (the numbers
+are class constants; docs/ALGORITHM.md, "Claims and the trust rule"):
+
+Work left
+  * counts only after the job has run ``PROBATION_S`` (x ``1 + strikes`` of its user) under Slurm's eyes
+    and has a verified throughput (points checked against the GPU counts and times Slurm showed): a job
+    that never ran has no standing to claim, so it cannot jump the queue;
+  * the first total is kept, samples seen only go up;
+  * **over-claim**: seen may not grow by more than ``OVERCLAIM`` x its fastest verified samples/s x the
+    seconds Slurm showed it running since the last report (+ ``SLACK_S`` of it): a jump to just below
+    the total is caught in the cycle that reads it;
+  * **implied finish**: when a claim first counts, and whenever the job's GPU count changes, the claim
+    implies a finish: ``OVERRUN`` x left / its verified samples/s + ``GRACE_S`` of running from now. A job
+    still running past it (a claim that creeps, or was spent long ago) proved its claim false.
+  A false claim is not used for the rest of the job's life, and its user gets a strike: the user's other
+  and later jobs serve a longer probation (colder trust).
+
+Noise scale
+  * clipped to ``[0, max_batch]``: above the job's largest batch it changes nothing the job can use;
+  * the first value counts at most up to the job's requested batch (what its user asked to run), and the
+    trusted value rises at most 2x per ``NOISE_DOUBLING_S`` of running that Slurm showed; a fall counts
+    at once (it only costs the claimer). A jump to 1e12 changes nothing in the cycle that reads it.
+
+Pure: the daemon feeds it what Slurm showed (``Evidence``) and the job's report; the simulator feeds it
+its honest jobs, so docs/EVALUATION.md measures what the rule costs honest reports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What Slurm showed of one job, never the job's word (the throughput rates are the job's report,
+    kept only where verified against the GPU counts and run times Slurm showed)."""
+
+    running_s: float  # seconds Slurm showed it running, over all its runs
+    gpus: int = 0  # GPUs it runs on now (0: not running)
+    rate: float | None = None  # verified samples/s at its current GPU count
+    best_rate: float | None = None  # its fastest verified samples/s on any GPU count
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """The claims as the scheduler may use them (None: not used), with a note for ``status``."""
+
+    remaining_samples: float | None = None
+    noise_scale: float | None = None
+    note: str = ""
+
+
+@dataclass
+class _Job:
+    user: str = ""
+    total: float | None = None
+    seen: float | None = None
+    seen_run_s: float = 0.0  # running seconds at the last increase of seen
+    deadline_s: float | None = None  # running seconds by which the claim says it is done
+    deadline_gpus: int = 0
+    false: str = ""  # why the progress claim proved false ("" while it has not)
+    noise: float | None = None  # trusted noise scale
+    noise_run_s: float = 0.0
+
+
+@dataclass
+class ClaimBook:
+    """Per job: its claims and how far they are trusted; per user: strikes (false claims)."""
+
+    PROBATION_S = 60.0
+    OVERCLAIM = 2.0
+    SLACK_S = 60.0
+    OVERRUN = 2.0
+    GRACE_S = 300.0
+    NOISE_DOUBLING_S = 1800.0
+    MAX_STRIKES = 8
+
+    jobs: dict = field(default_factory=dict)  # job id -> _Job
+    strikes: dict = field(default_factory=dict)  # user -> false claims of its jobs
+
+    def update(self, job_id: int, user: str, ev: Evidence, *, seen=None, total=None, noise_scale=None,
+               max_batch: int, requested_batch: int) -> Trusted:
+        """Take this cycle's report of ``job_id`` and return what of it the scheduler may use."""
+        c = self.jobs.get(job_id)
+        if c is None:
+            c = self.jobs[job_id] = _Job(user=user or "")
+        left, note = self._progress(c, ev, _finite(seen), _finite(total))
+        ns = self._noise(c, ev, _finite(noise_scale), max_batch, requested_batch)
+        return Trusted(remaining_samples=left, noise_scale=ns, note=note)
+
+    def probation_s(self, user: str) -> float:
+        return self.PROBATION_S * (1 + min(self.strikes.get(user or "", 0), self.MAX_STRIKES))
+
+    def _discredit(self, c: _Job, why: str) -> None:
+        if not c.false:
+            c.false = why
+            self.strikes[c.user] = self.strikes.get(c.user, 0) + 1
+
+    def _progress(self, c: _Job, ev: Evidence, seen, total) -> tuple[float | None, str]:
+        if c.total is None and total is not None and total > 0:
+            c.total = total
+        if c.total is None or c.false:
+            return None, (f"progress claim not used: {c.false}" if c.false else "")
+        if seen is not None and 0 <= seen and (c.seen is None or seen > c.seen):
+            if c.seen is not None and ev.best_rate:
+                ran = max(0.0, ev.running_s - c.seen_run_s)
+                most = self.OVERCLAIM * ev.best_rate * (ran + self.SLACK_S)
+                if seen - c.seen > most:
+                    self._discredit(c, f"samples seen rose by {seen - c.seen:.3g} in {ran:.0f} s of running, "
+                                       f"more than {most:.3g} its verified throughput allows")
+                    return None, f"progress claim not used: {c.false}"
+            c.seen, c.seen_run_s = seen, ev.running_s
+        if c.seen is None:
+            return None, ""
+        left = c.total - c.seen
+        done = f"{100 * min(c.seen, c.total) / c.total:.0f}% of {c.total:.3g} samples done"
+        if ev.running_s < self.probation_s(c.user) or not ev.rate:
+            return None, f"{done}; not used until verified ({ev.running_s:.0f} s run, throughput " \
+                         f"{'verified' if ev.rate else 'not verified'})"
+        if ev.gpus > 0 and (c.deadline_s is None or ev.gpus != c.deadline_gpus):
+            c.deadline_s = ev.running_s + self.OVERRUN * max(left, 0.0) / ev.rate + self.GRACE_S
+            c.deadline_gpus = ev.gpus
+        if ev.gpus > 0 and c.deadline_s is not None and ev.running_s > c.deadline_s:
+            self._discredit(c, f"still running {ev.running_s - c.deadline_s:.0f} s past the finish its claim "
+                               f"implied ({left:.3g} samples left)")
+            return None, f"progress claim not used: {c.false}"
+        if left <= 0:
+            return None, f"{done}; spent"
+        return left, done
+
+    def _noise(self, c: _Job, ev: Evidence, ns, max_batch: int, requested_batch: int) -> float | None:
+        if ns is None or ns < 0:
+            return c.noise
+        ns = min(ns, float(max_batch))
+        if c.noise is None:
+            c.noise, c.noise_run_s = min(ns, float(requested_batch)), ev.running_s
+        elif ns <= c.noise:
+            c.noise, c.noise_run_s = ns, ev.running_s
+        else:
+            ran = max(0.0, ev.running_s - c.noise_run_s)
+            c.noise = min(ns, c.noise * 2.0 ** (ran / self.NOISE_DOUBLING_S))
+            c.noise_run_s = ev.running_s
+        return c.noise
+
+    def forget(self, live) -> None:
+        """Drop the jobs no longer in Slurm (users keep their strikes)."""
+        self.jobs = {j: v for j, v in self.jobs.items() if j in live}
+
+    def to_json(self) -> dict:
+        return {"strikes": dict(self.strikes),
+                "jobs": {str(j): vars(c) for j, c in self.jobs.items()}}
+
+    @classmethod
+    def from_json(cls, data) -> ClaimBook:
+        """Restore from the daemon's state DB; anything malformed is dropped (trust starts cold)."""
+        book = cls()
+        if not isinstance(data, dict):
+            return book
+        for u, n in (data.get("strikes") or {}).items():
+            if isinstance(u, str) and isinstance(n, int) and 0 < n < 1 << 20:
+                book.strikes[u] = n
+        names = set(_Job.__dataclass_fields__)
+        for j, c in (data.get("jobs") or {}).items():
+            try:
+                if isinstance(c, dict) and set(c) <= names:
+                    book.jobs[int(j)] = _Job(**c)
+            except (TypeError, ValueError):
+                continue
+        return book
+
+
+def _finite(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None

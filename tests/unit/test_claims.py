@@ -1,0 +1,119 @@
+"""The trust rule (slurm_elastic.claims): a job's own numbers cannot buy it GPUs or a place in the queue.
+
+An honest job and a forging twin (same spec, same speed, same history as Slurm shows it) get the same
+GPUs and the same start order in the cycle that reads the forgery, for each forged field."""
+
+import json
+import os
+from dataclasses import replace
+
+import pytest
+
+from slurm_elastic.backends.base import JobRecord, NodeRecord
+from slurm_elastic.claims import ClaimBook, Evidence
+from slurm_elastic.daemon.models import ModelRegistry
+from slurm_elastic.policies import get_policy
+from slurm_elastic.problem import build_problem
+from slurm_elastic.spec import parse_spec
+
+SPEC = "elastic:min_gpus=1,max_gpus=8,min_batch=64,max_batch=4096,max_local_batch=512,batch=128"
+POINTS = [{"gpus": 2, "batch": 128, "samples_per_s": 200.0}, {"gpus": 1, "batch": 128, "samples_per_s": 110.0}]
+
+
+def test_noise_scale_is_clipped_to_the_batch_range_and_rises_at_most_2x_per_half_hour_run():
+    book = ClaimBook()
+    ev = Evidence(running_s=100.0)
+    kw = dict(max_batch=4096, requested_batch=128)
+    assert book.update(1, "u", ev, noise_scale=1e12, **kw).noise_scale == 128.0  # first: up to the request
+    assert book.update(1, "u", Evidence(running_s=130.0), noise_scale=1e12, **kw).noise_scale == pytest.approx(
+        128.0 * 2 ** (30 / book.NOISE_DOUBLING_S))
+    t = book.update(1, "u", Evidence(running_s=130.0 + 20 * book.NOISE_DOUBLING_S), noise_scale=1e12, **kw)
+    assert t.noise_scale == 4096.0  # never above the largest batch the job may run
+    assert book.update(1, "u", Evidence(running_s=1e6), noise_scale=50.0, **kw).noise_scale == 50.0  # falls at once
+    for bad in (float("nan"), float("inf"), -1.0, "1e9", True):
+        assert book.update(1, "u", Evidence(running_s=2e6), noise_scale=bad, **kw).noise_scale == 50.0
+
+
+def test_the_book_survives_a_daemon_restart_and_malformed_state_starts_cold():
+    book = ClaimBook()
+    book.update(3, "u", Evidence(running_s=500.0, gpus=2, rate=100.0, best_rate=100.0), seen=10, total=1e6,
+                max_batch=512, requested_batch=64)
+    book.strikes["w"] = 2
+    back = ClaimBook.from_json(json.loads(json.dumps(book.to_json())))
+    assert back.jobs[3].total == 1e6 and back.jobs[3].seen == 10 and back.strikes == {"w": 2}
+    for junk in (None, [], {"jobs": {"x": {}}}, {"jobs": {"4": {"evil": 1}}}, {"strikes": {"u": -1, "v": "9"}}):
+        assert ClaimBook.from_json(junk).jobs == {} and ClaimBook.from_json(junk).strikes == {}
+
+
+# ----- twins through the daemon's registry, the problem builder and the default policy ----------------
+
+
+def _twin(tmp_path, jid, state="RUNNING", gpus=2, submit=0.0):
+    d = tmp_path / str(jid)
+    d.mkdir()
+    s = parse_spec(f"{SPEC},ckpt_dir={d}")
+    rec = JobRecord(job_id=jid, name="t", user=f"user{jid}", partition="gpu", state=state, comment=s.to_comment(),
+                    gpus_per_node=gpus, gpus_total=gpus, node_count=1 if gpus else 0,
+                    nodes=(f"n{jid}",) if state == "RUNNING" else (), restart_count=0, user_id=os.getuid(),
+                    start_time=1000.0 if state == "RUNNING" else None, submit_time=submit)
+    return rec, d
+
+
+def _write(d, **fields):
+    (d / "throughput.json").write_text(json.dumps({"format": 1, **fields}))
+
+
+def _allocate(reg, recs, nodes, now):
+    snap = build_problem(recs, nodes, model_for=reg, now=now, job_info=lambda r: reg.progress.get(r.job_id))
+    alloc = get_policy("dp").allocate(snap.problem)
+    return {j: (a.gpus, a.batch) for j, a in alloc.jobs.items()}, snap
+
+
+def _nodes(free):
+    return [NodeRecord("n1", "MIXED", (), 8, 8 - free, 8, ("gpu",)), NodeRecord("n2", "MIXED", (), 8, 4, 8, ("gpu",)),
+            NodeRecord("n3", "MIXED", (), 8, 4, 8, ("gpu",))]
+
+
+def _running_twins(tmp_path):
+    reg = ModelRegistry(node_size=8)
+    (a, da), (b, db) = _twin(tmp_path, 1), _twin(tmp_path, 2)
+    a, b = replace(a, nodes=("n2",)), replace(b, nodes=("n3",))
+    for rec in (a, b):  # Slurm showed each 1 h on 1 GPU, then 1 h on 2 (both verified points)
+        reg.evidence.observe(rec.job_id, 0, 1, 1000.0, 4600.0)
+        reg.evidence.observe(rec.job_id, 1, 2, 4700.0, 8300.0)
+    honest = dict(points=POINTS, samples_seen=700_000, total_samples=5_000_000, noise_scale=300.0, base_batch=64)
+    _write(da, **honest)
+    _write(db, **honest)
+    return reg, a, b, da, db, honest
+
+
+@pytest.mark.parametrize("forged", ["samples_seen", "noise_scale", "points"])
+def test_a_forging_running_twin_gets_the_same_gpus_and_batch_as_the_honest_one(tmp_path, forged):
+    reg, a, b, da, db, honest = _running_twins(tmp_path)
+    nodes = [NodeRecord("n1", "IDLE", (), 8, 0, 8, ("gpu",)), NodeRecord("n2", "MIXED", (), 8, 2, 8, ("gpu",)),
+             NodeRecord("n3", "MIXED", (), 8, 2, 8, ("gpu",))]
+    before, _ = _allocate(reg, [a, b], nodes, now=9000.0)
+    assert before[1] == before[2]
+    forgery = {"samples_seen": dict(samples_seen=4_999_990),  # a jump to just below the total
+               "noise_scale": dict(noise_scale=1e12),
+               "points": dict(points=POINTS + [{"gpus": 8, "batch": 512, "samples_per_s": 5000.0}])}[forged]
+    _write(db, **{**honest, **forgery})
+    reg.evidence.observe(1, 1, 2, 4700.0, 8330.0)  # the next cycle, 30 s later
+    reg.evidence.observe(2, 1, 2, 4700.0, 8330.0)
+    after, snap = _allocate(reg, [a, b], nodes, now=9030.0)
+    assert after[2] == after[1], (forged, after)
+    reqs = {r.job_id: r for r in snap.problem.jobs}
+    assert reqs[2].remaining_samples == reqs[1].remaining_samples or reqs[2].remaining_samples is None
+    assert reqs[2].noise_scale == reqs[1].noise_scale
+
+
+def test_a_pending_twin_that_claims_100_samples_left_does_not_start_first(tmp_path):
+    reg = ModelRegistry(node_size=8)
+    (h, dh), (f, df) = _twin(tmp_path, 1, "PENDING", 0, submit=100.0), _twin(tmp_path, 2, "PENDING", 0, submit=200.0)
+    _write(df, points=POINTS, samples_seen=4_999_900, total_samples=5_000_000)
+    # Room for one at its minimum only: one GPU
+    nodes = [NodeRecord("n1", "IDLE", (), 1, 0, 8, ("gpu",))]
+    alloc, snap = _allocate(reg, [h, f], nodes, now=1000.0)
+    assert [r.job_id for r in snap.problem.jobs] == [1, 2]
+    assert alloc[1][0] >= 1 and alloc[2][0] == 0, alloc  # the honest, earlier job starts; the claim buys nothing
+    assert all(r.remaining_samples is None for r in snap.problem.jobs)
