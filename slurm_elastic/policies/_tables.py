@@ -74,7 +74,7 @@ def allowed_counts(spec: ElasticSpec, node_size: int, cap: int, model: Throughpu
         hi = min(hi, int(model.max_gpus))
     if hi < spec.min_gpus:
         return []
-    return replace(spec, max_gpus=hi).allowed_gpu_counts(node_size)
+    return spec.allowed_gpu_counts(node_size, most=hi)
 
 
 def _canonical_split(spec: ElasticSpec, k: int, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
