@@ -10,7 +10,9 @@ the model's ``max_gpus``) for which some batch is feasible, and for each count `
   fewest accumulation steps ``a <= max_accum`` that bring the micro-batch to ``<= max_local_batch``;
   the micro-batch must be ``>= min_local_batch``);
 * ties go to the smaller batch. When a count admits more than ``MAX_SHARES`` per-GPU shares (only
-  with huge ranges), ``MAX_SHARES`` log-spaced shares are tried instead (then ``b*`` is approximate).
+  with huge ranges), ``LOG_SHARES`` log-spaced shares are tried instead (then ``b*`` is approximate).
+  So a table costs ``O(counts x (MAX_SHARES log max_accum + max_accum))`` whatever the spec's ranges,
+  with at most ``min(max_gpus, capacity)`` counts (docs/ALGORITHM.md, "What a cycle costs").
 
 Tables are cached per model object (weakly) and per spec shape, so a daemon cycle that sees the
 same jobs again does not recompute them.
@@ -28,7 +30,8 @@ from slurm_elastic.policies.base import JobRequest
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.spec import ElasticSpec
 
-MAX_SHARES = 1 << 16
+MAX_SHARES = 1 << 16  # the most per-GPU shares tried exactly on one GPU count
+LOG_SHARES = 1 << 12  # log-spaced shares tried instead beyond MAX_SHARES (neighbours ~0.4% apart at 2**24)
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,6 @@ def _canonical_split(spec: ElasticSpec, k: int, shares: np.ndarray) -> tuple[np.
     if hi - lo + 1 != shares.size:
         return _fast_split(spec, shares)
     acc = np.zeros(shares.size, np.int64)
-    todo = shares.size
     top = min(spec.max_accum, hi)
     for a in range(max(1, -(-lo // spec.max_local_batch)), top + 1):
         first = max(-(-lo // a), 1) * a  # smallest multiple of a in range
@@ -99,13 +101,9 @@ def _canonical_split(spec: ElasticSpec, k: int, shares: np.ndarray) -> tuple[np.
         if first > last:
             continue
         seg = acc[first - lo:last - lo + 1:a]
-        free = seg == 0
-        n = int(free.sum())
-        if n:
-            seg[free] = a
-            todo -= n
-            if not todo:
-                break
+        seg[seg == 0] = a
+        if a % 64 == 0 and acc.all():
+            break
     local = np.where(acc > 0, shares // np.maximum(acc, 1), 0)
     bad = (acc == 0) | (local < spec.min_local_batch)
     acc[bad] = 0
@@ -151,7 +149,7 @@ def best_batch(
     if s_hi - s_lo + 1 <= MAX_SHARES:
         shares = np.arange(s_lo, s_hi + 1, dtype=np.int64)
     else:
-        shares = np.unique(np.round(np.geomspace(s_lo, s_hi, MAX_SHARES)).astype(np.int64))
+        shares = np.unique(np.round(np.geomspace(s_lo, s_hi, LOG_SHARES)).astype(np.int64))
     local, acc = _canonical_split(spec, k, shares)
     ok = acc > 0
     if not ok.any():
