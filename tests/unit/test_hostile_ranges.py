@@ -16,8 +16,14 @@ from slurm_elastic.daemon.loop import Daemon
 from slurm_elastic.policies import POLICY_NAMES, get_policy
 from slurm_elastic.policies.base import AllocationProblem, JobRequest
 from slurm_elastic.profiles import load_profile
-from slurm_elastic.spec import (MAX_ACCUM_LIMIT, MAX_BATCH_LIMIT, MAX_GPUS_LIMIT, ElasticSpec, SpecError,
-                                parse_spec)
+from slurm_elastic.spec import (
+    MAX_ACCUM_LIMIT,
+    MAX_BATCH_LIMIT,
+    MAX_GPUS_LIMIT,
+    ElasticSpec,
+    SpecError,
+    parse_spec,
+)
 
 GUARD_S = 120.0
 B, G, A = MAX_BATCH_LIMIT, MAX_GPUS_LIMIT, MAX_ACCUM_LIMIT
