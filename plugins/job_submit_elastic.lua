@@ -17,10 +17,12 @@ Users cannot write AdminComment at all (Slurm refuses it), which is where the da
 --]]
 
 local PREFIX = "elastic:"
+-- The site maximum for batch sizes: 2^24 samples, MAX_BATCH_LIMIT in slurm_elastic/spec.py (which says why).
+local MAX_BATCH = 16777216
 local INT_LIMITS = {
-  min_gpus = 2^20, max_gpus = 2^20, gpus = 2^20, gpus_per_node = 2^20,
-  min_batch = 2^40, max_batch = 2^40, batch = 2^40, max_local_batch = 2^40, min_local_batch = 2^40,
-  max_accum = 2^12,
+  min_gpus = 1048576, max_gpus = 1048576, gpus = 1048576, gpus_per_node = 1048576,
+  min_batch = MAX_BATCH, max_batch = MAX_BATCH, batch = MAX_BATCH, max_local_batch = MAX_BATCH,
+  min_local_batch = MAX_BATCH, max_accum = 4096,
 }
 -- ckpt_dir may not be (or be under) a system directory: the daemon reads there as root.
 -- The same list as SYSTEM_DIRS in slurm_elastic/spec.py ("*": any name starting so).
@@ -116,7 +118,7 @@ local function parse_float(value, key, limit)
 end
 
 -- Same bounds as the Python parser (spec._parse_points): at most 256 points, GPUs 1..2^20, batch
--- 1..2^40, throughput a finite positive number up to 1e12. A point the daemon would reject must be
+-- 1..MAX_BATCH (2^24), throughput a finite positive number up to 1e12. A point the daemon would reject must be
 -- refused here, or the job is accepted, held, and never placed.
 local function check_points(value)
   local n = 0
@@ -128,7 +130,7 @@ local function check_points(value)
       return fail("points", "expected GPUSxBATCH@SAMPLES_PER_S items joined by '|', got '" .. item .. "'")
     end
     local gn, bn = tonumber(g), tonumber(b)
-    if gn < 1 or gn > 2^20 or bn < 1 or bn > 2^40 then
+    if gn < 1 or gn > 1048576 or bn < 1 or bn > MAX_BATCH then
       return fail("points", "GPU count or batch out of range in '" .. item .. "'")
     end
     local x, err = parse_float(t, "points", 1e12)

@@ -430,7 +430,7 @@ def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool) -> 
     if not smaller or v.spec is None:
         return 0
     batch = a.batch
-    for k in sorted((c for c in v.spec.allowed_gpu_counts(placer.node_size) if c < a.gpus), reverse=True):
+    for k in sorted((c for c in v.spec.allowed_gpu_counts(placer.node_size, most=a.gpus - 1)), reverse=True):
         if batch and v.spec.split_batch(k, batch) is None:
             continue
         n, g = placer.shape(v, k)

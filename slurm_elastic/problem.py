@@ -567,14 +567,18 @@ def _within_limits(r: JobRecord, spec: ElasticSpec, limits: Mapping[str, Partiti
     if not caps:
         return spec
     max_nodes, part = min(caps)
-    most = 0
-    for k in range(spec.max_gpus, spec.min_gpus - 1, -1):
-        try:
-            if spec.placement(k, size)[0] <= max_nodes:
-                most = k
-                break
-        except ValueError:
-            continue
+    # The largest count that spec.placement fits on max_nodes nodes, from the bounds (never a walk down
+    # from max_gpus, which a user sets): g per node with gpus_per_node=g, else one node up to its size
+    # and whole nodes above it.
+    g = spec.gpus_per_node
+    if g:
+        most = min(spec.max_gpus, max_nodes * g) // g * g
+    elif spec.max_gpus <= size:
+        most = spec.max_gpus
+    else:
+        most = min(spec.max_gpus // size, max_nodes) * size
+    if most < spec.min_gpus:
+        most = 0
     if most < spec.min_gpus:
         raise SpecError(f"min_gpus={spec.min_gpus} needs more nodes of {size} GPUs than partition {part}'s "
                         f"MaxNodes={max_nodes}", job_id=r.job_id, field="min_gpus")

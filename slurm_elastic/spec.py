@@ -23,8 +23,13 @@ SPEC_PREFIX = "elastic:"
 DECISION_PREFIX = "elastic-decision:"
 
 # Bounds that keep hostile input (batch 10**18, GPU counts past any cluster) out of the optimizer.
+# The site maximum for batch sizes (global, per GPU, points): 2**24 = 16,777,216 samples. No real job
+# reaches it: the largest published data-parallel batches are ~64k-128k images (LARS/LAMB ImageNet)
+# and ~65k sequences (BERT with LAMB); a user who counts tokens as samples (a 4M-token LLM batch, 2**22)
+# still fits. It bounds the arithmetic on batches, not the work of a cycle: nothing walks a batch range
+# (see docs/ALGORITHM.md, "What a cycle costs"). The same bound is in plugins/job_submit_elastic.lua.
 MAX_GPUS_LIMIT = 1 << 20
-MAX_BATCH_LIMIT = 1 << 40
+MAX_BATCH_LIMIT = 1 << 24
 MAX_ACCUM_LIMIT = 1 << 12
 MAX_POINTS = 256
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -117,22 +122,28 @@ class ElasticSpec:
     def requested_gpus(self) -> int:
         return self.gpus if self.gpus is not None else self.min_gpus
 
-    def allowed_gpu_counts(self, node_size: int) -> list[int]:
-        """GPU counts this job may run on, on nodes of ``node_size`` GPUs.
+    def allowed_gpu_counts(self, node_size: int, most: int | None = None) -> list[int]:
+        """GPU counts this job may run on, on nodes of ``node_size`` GPUs (at most ``most`` of them).
 
         The placement rule: ``k <= node_size`` runs on one node; a larger ``k`` takes whole nodes
         (``k`` a multiple of ``node_size``). With ``gpus_per_node=g`` the job runs ``g`` per node,
         so ``k`` is ``g`` times a node count (``g <= node_size``).
+
+        The counts are generated from the bounds, never by walking ``min_gpus..max_gpus``: the work is
+        the length of the answer, which callers bound with ``most`` (the GPUs a cluster or cap holds).
         """
-        out = []
-        for k in range(self.min_gpus, self.max_gpus + 1):
-            if self.gpus_per_node is not None:
-                g = self.gpus_per_node
-                if g <= node_size and k % g == 0:
-                    out.append(k)
-            elif node_size > 0 and (k <= node_size or k % node_size == 0):
-                out.append(k)
-        return out
+        hi = self.max_gpus if most is None else min(self.max_gpus, most)
+        lo = self.min_gpus
+        if hi < lo or node_size <= 0:
+            return []
+        if self.gpus_per_node is not None:
+            g = self.gpus_per_node
+            if g > node_size:
+                return []
+            return list(range(-(-lo // g) * g, hi + 1, g))
+        small = list(range(lo, min(hi, node_size) + 1))
+        first = max(-(-lo // node_size), 2) * node_size  # multiples of node_size above one node
+        return small + list(range(first, hi + 1, node_size))
 
     def placement(self, gpus: int, node_size: int) -> tuple[int, int]:
         """``(nodes, gpus_per_node)`` for ``gpus`` GPUs under the rule of :meth:`allowed_gpu_counts`."""
@@ -160,10 +171,57 @@ class ElasticSpec:
                 return local, accum
         return None
 
-    def feasible_batches(self, gpus: int) -> list[int]:
-        """Every global batch in range that ``gpus`` GPUs can run (see :meth:`split_batch`)."""
-        lo = -(-self.min_batch // gpus) * gpus
-        return [b for b in range(lo, self.max_batch + 1, gpus) if self.split_batch(gpus, b) is not None]
+    def share_bounds(self, gpus: int) -> tuple[int, int]:
+        """The per-GPU shares ``[lo, hi]`` a batch on ``gpus`` GPUs can have (empty when ``lo > hi``)."""
+        lo = max(-(-self.min_batch // gpus), self.min_local_batch)
+        hi = min(self.max_batch // gpus, self.max_local_batch * self.max_accum)
+        return lo, hi
+
+    def nearest_batch(self, gpus: int, target: int | None = None) -> int | None:
+        """The feasible global batch on ``gpus`` GPUs nearest to ``target`` (ties: the smaller; no target:
+        the smallest), or None: what ``min(feasible_batches(gpus), key=...)`` answers, computed from the
+        bounds in at most ``max_accum`` steps whatever the range holds.
+
+        A per-GPU share ``s`` splits (see :meth:`split_batch`) exactly when ``s = a * l`` for some
+        ``a <= max_accum`` and ``min_local_batch <= l <= max_local_batch`` (the fewest steps ``a' <= a``
+        that divide ``s`` leave a micro-batch ``>= l``), so for each ``a`` the nearest such share is a
+        clamped rounding of ``target / (gpus * a)``.
+        """
+        if gpus <= 0:
+            return None
+        s_lo, s_hi = self.share_bounds(gpus)
+        if s_lo > s_hi:
+            return None
+        t = 0 if target is None else target  # compared as global batches: integers, exact ties
+        best = None
+        for a in range(1, min(self.max_accum, s_hi) + 1):
+            l_lo = max(self.min_local_batch, -(-s_lo // a))
+            l_hi = min(self.max_local_batch, s_hi // a)
+            if l_lo > l_hi:
+                continue
+            f = t // (gpus * a)
+            for v in (f, f + 1):
+                b = gpus * a * min(max(v, l_lo), l_hi)
+                key = (abs(b - t), b)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else best[1]
+
+    def has_batch(self, gpus: int) -> bool:
+        """Whether any global batch in range runs on ``gpus`` GPUs (bounded: see :meth:`nearest_batch`)."""
+        return self.nearest_batch(gpus) is not None
+
+    def feasible_batches(self, gpus: int, limit: int = 1 << 16) -> list[int]:
+        """Every global batch in range that ``gpus`` GPUs can run (see :meth:`split_batch`), in order.
+
+        A listing, for tests and small tools: it refuses (ValueError) a range of more than ``limit``
+        candidate batches. The daemon, the policies and the simulator never list a range; they use
+        :meth:`nearest_batch`, :meth:`share_bounds` or a bounded candidate set.
+        """
+        s_lo, s_hi = self.share_bounds(gpus) if gpus > 0 else (1, 0)
+        if s_hi - s_lo + 1 > limit:
+            raise ValueError(f"{s_hi - s_lo + 1} candidate batches on {gpus} GPUs: more than {limit} to list")
+        return [s * gpus for s in range(s_lo, s_hi + 1) if self.split_batch(gpus, s * gpus) is not None]
 
     def to_comment(self) -> str:
         """The canonical ``elastic:...`` string for this spec (round-trips through :func:`parse_spec`)."""
@@ -376,9 +434,8 @@ def validate_spec(spec: ElasticSpec, job_id: int | str | None = None, node_size:
     if spec.gpus_per_node is not None:
         counts = [k for k in counts if k % spec.gpus_per_node == 0]
     if node_size is not None:
-        allowed = set(spec.allowed_gpu_counts(node_size)) if spec.max_gpus <= 65536 else None
-        if allowed is not None:
-            counts = [k for k in counts if k in allowed]
+        allowed = set(spec.allowed_gpu_counts(node_size, most=spec.min_gpus + 4096))
+        counts = [k for k in counts if k in allowed]
     if not any(_reachable(spec, k) for k in counts):
         raise SpecError(
             f"no allowed GPU count in [{spec.min_gpus}, {spec.max_gpus}] can run a global batch in "

@@ -123,12 +123,13 @@ class CappedPolicy(Policy):
                 continue
             room = cap - have
             floor = j.spec.min_gpus if j.is_running else 1
-            counts = [k for k in j.spec.allowed_gpu_counts(node_size) if floor <= k <= room]
+            # Counts up to the room left (at most the cap), and the batch nearest the chosen one from the
+            # spec's bounds: never a listing of the spec's ranges (a 2**40 batch range once hung a cycle here).
+            counts = [k for k in j.spec.allowed_gpu_counts(node_size, most=room) if floor <= k]
             new = None
             for k in sorted(counts, reverse=True):
-                batches = j.spec.feasible_batches(k)
-                if batches:
-                    b = min(batches, key=lambda x: abs(x - (a.batch or x)))
+                b = j.spec.nearest_batch(k, a.batch or None)
+                if b is not None:
                     local, accum = j.spec.split_batch(k, b)
                     nodes, _ = j.spec.placement(k, node_size)
                     new = replace(a, gpus=k, nodes=nodes, batch=b, local_batch=local, accum=accum,

@@ -1,11 +1,15 @@
 """The daemon's configuration: a TOML file (default /etc/slurm/elastic.toml), every key optional.
 
 Unknown keys and values of the wrong type are errors that name the key, so a typo never silently
-falls back to a default. ``docs/SYSADMIN.md`` documents every key; :data:`DEFAULTS` is the truth.
+falls back to a default. The operator's file is validated like user input (issue 24): the stop signal
+comes from a fixed list, every number is finite and within the range :data:`RANGES` gives (the same table
+is in ``docs/SYSADMIN.md``), and an error names the key; at SIGHUP the old configuration is then kept.
+``docs/SYSADMIN.md`` documents every key; :data:`DEFAULTS` is the truth.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -51,6 +55,29 @@ class DaemonConfig:
 
 
 DEFAULTS = DaemonConfig()
+
+# Every numeric key's allowed range, inclusive (None: the bound is exclusive 0). The same table is in
+# docs/SYSADMIN.md ("Configure"); a unit test checks every key against it.
+DAY = 86400.0
+RANGES: dict[str, tuple[float | None, float]] = {
+    "poll_interval_s": (1.0, 3600.0),  # a cycle at least every hour; below 1 s the daemon would spin
+    "max_gpus_per_user": (0, 1 << 20),  # 0 = no cap; spec.MAX_GPUS_LIMIT
+    "max_gpus_per_job": (0, 1 << 20),  # 0 = no cap
+    "cooldown_s": (0.0, 30 * DAY),
+    "max_in_flight": (1, 1024),
+    "ack_timeout_s": (1.0, DAY),
+    "restart_cost_s": (0.0, DAY),
+    "horizon_s": (1.0, 365 * DAY),
+    "metrics_port": (1, 65535),
+    "slurm_timeout_s": (1.0, 3600.0),
+    "max_weight": (None, 1e6),  # > 0; spec weights are at most 1e6
+    "watchdog_s": (0.0, 7 * DAY),  # 0 = off
+    "lease_ttl_s": (0.0, DAY),  # 0 = no lease
+}
+# The checkpoint-and-stop signal: one the in-job library and the batch script catch to checkpoint
+# (train/signals.py installs USR2 by default, USR1 on request). Never KILL/TERM/INT/STOP/HUP/...: those
+# end or freeze the job without a checkpoint, and a resize would then lose its work.
+SIGNALS = ("USR2", "USR1")
 _POLICIES = ("dp", "fixed-batch", "static")
 _LEVELS = ("debug", "info", "warning", "error")
 _BACKENDS = ("auto", "cli", "pyslurm")
@@ -90,8 +117,9 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
             if not isinstance(value, bool):
                 raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
         elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{source}: {key} must be a non-negative number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ConfigError(f"{source}: {key} must be a finite non-negative number, got {value!r}")
             value = float(value)
         elif isinstance(default, int):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -99,23 +127,28 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
         elif isinstance(default, str):
             if not isinstance(value, str):
                 raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+        if key in RANGES:
+            lo, hi = RANGES[key]
+            if not (value > 0 if lo is None else value >= lo) or value > hi:
+                raise ConfigError(f"{source}: {key} must be in {_span(key)}, got {value!r}")
         values[key] = value
     cfg = DaemonConfig(**values)
+    if cfg.signal not in SIGNALS:
+        raise ConfigError(f"{source}: signal must be one of {', '.join(SIGNALS)} (a signal the job catches to "
+                          f"checkpoint; KILL, TERM, INT, STOP and the like end or freeze it without one), "
+                          f"got {cfg.signal!r}")
     if cfg.policy not in _POLICIES:
         raise ConfigError(f"{source}: policy must be one of {', '.join(_POLICIES)}, got {cfg.policy!r}")
     if cfg.backend not in _BACKENDS:
         raise ConfigError(f"{source}: backend must be one of {', '.join(_BACKENDS)}, got {cfg.backend!r}")
     if cfg.log_level.lower() not in _LEVELS:
         raise ConfigError(f"{source}: log_level must be one of {', '.join(_LEVELS)}, got {cfg.log_level!r}")
-    if cfg.poll_interval_s < 1:
-        raise ConfigError(f"{source}: poll_interval_s must be at least 1")
-    if not 0 < cfg.metrics_port < 65536:
-        raise ConfigError(f"{source}: metrics_port must be in 1..65535")
-    if cfg.max_weight <= 0:
-        raise ConfigError(f"{source}: max_weight must be positive")
-    if cfg.max_in_flight < 1:
-        raise ConfigError(f"{source}: max_in_flight must be at least 1")
     return cfg
+
+
+def _span(key: str) -> str:
+    lo, hi = RANGES[key]
+    return f"(0, {hi:g}]" if lo is None else f"[{lo:g}, {hi:g}]"
 
 
 def check_managed_partitions(cfg: DaemonConfig, nodes) -> None:

@@ -10,7 +10,9 @@ the model's ``max_gpus``) for which some batch is feasible, and for each count `
   fewest accumulation steps ``a <= max_accum`` that bring the micro-batch to ``<= max_local_batch``;
   the micro-batch must be ``>= min_local_batch``);
 * ties go to the smaller batch. When a count admits more than ``MAX_SHARES`` per-GPU shares (only
-  with huge ranges), ``MAX_SHARES`` log-spaced shares are tried instead (then ``b*`` is approximate).
+  with huge ranges), ``LOG_SHARES`` log-spaced shares are tried instead (then ``b*`` is approximate).
+  So a table costs ``O(counts x (MAX_SHARES log max_accum + max_accum))`` whatever the spec's ranges,
+  with at most ``min(max_gpus, capacity)`` counts (docs/ALGORITHM.md, "What a cycle costs").
 
 Tables are cached per model object (weakly) and per spec shape, so a daemon cycle that sees the
 same jobs again does not recompute them.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,7 +30,8 @@ from slurm_elastic.policies.base import JobRequest
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.spec import ElasticSpec
 
-MAX_SHARES = 1 << 16
+MAX_SHARES = 1 << 16  # the most per-GPU shares tried exactly on one GPU count
+LOG_SHARES = 1 << 12  # log-spaced shares tried instead beyond MAX_SHARES (neighbours ~0.4% apart at 2**24)
 
 
 @dataclass(frozen=True)
@@ -74,23 +77,47 @@ def allowed_counts(spec: ElasticSpec, node_size: int, cap: int, model: Throughpu
         hi = min(hi, int(model.max_gpus))
     if hi < spec.min_gpus:
         return []
-    return replace(spec, max_gpus=hi).allowed_gpu_counts(node_size)
+    return spec.allowed_gpu_counts(node_size, most=hi)
 
 
 def _canonical_split(spec: ElasticSpec, k: int, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised :meth:`ElasticSpec.split_batch` over per-GPU shares: (local, accum); accum 0 = infeasible."""
+    """Vectorised :meth:`ElasticSpec.split_batch` over per-GPU shares: (local, accum); accum 0 = infeasible.
+
+    Contiguous shares (the exact branch of :func:`best_batch`) are sieved: the canonical accumulation of
+    ``s`` is the smallest ``a`` dividing ``s`` with ``s / a <= max_local_batch``, so each ``a`` marks the
+    unmarked multiples ``a * l`` (``l <= max_local_batch``) once, in ``O(S log max_accum)`` element work
+    and ``max_accum`` steps at most. Other share sets (log-spaced, from huge ranges) get :func:`_fast_split`.
+    """
+    if shares.size == 0:
+        return shares.copy(), np.zeros(0, np.int64)
+    lo, hi = int(shares[0]), int(shares[-1])
+    if hi - lo + 1 != shares.size:
+        return _fast_split(spec, shares)
     acc = np.zeros(shares.size, np.int64)
-    first = np.maximum(1, -(-shares // spec.max_local_batch))
-    top = min(spec.max_accum, int(shares.max(initial=0)))
-    for a in range(1, top + 1):
-        todo = acc == 0
-        if not todo.any():
+    top = min(spec.max_accum, hi)
+    for a in range(max(1, -(-lo // spec.max_local_batch)), top + 1):
+        first = max(-(-lo // a), 1) * a  # smallest multiple of a in range
+        last = min(hi, a * spec.max_local_batch)
+        if first > last:
+            continue
+        seg = acc[first - lo:last - lo + 1:a]
+        seg[seg == 0] = a
+        if a % 64 == 0 and acc.all():
             break
-        m = todo & (first <= a) & (shares % a == 0) & (a <= shares)
-        acc[m] = a
     local = np.where(acc > 0, shares // np.maximum(acc, 1), 0)
     bad = (acc == 0) | (local < spec.min_local_batch)
     acc[bad] = 0
+    return local, acc
+
+
+def _fast_split(spec: ElasticSpec, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A bounded split of arbitrary shares: ``a = ceil(s / max_local_batch)`` steps, local ``s // a``, so
+    ``a * local <= s`` is feasible (used for the log-spaced candidates of huge ranges, where ``b*`` is
+    approximate anyway; the chosen batch is then split canonically by :func:`best_batch`)."""
+    acc = np.maximum(1, -(-shares // spec.max_local_batch))
+    local = shares // acc
+    bad = (acc > spec.max_accum) | (local < spec.min_local_batch) | (local > spec.max_local_batch)
+    acc = np.where(bad, 0, acc)
     return local, acc
 
 
@@ -122,19 +149,27 @@ def best_batch(
     if s_hi - s_lo + 1 <= MAX_SHARES:
         shares = np.arange(s_lo, s_hi + 1, dtype=np.int64)
     else:
-        shares = np.unique(np.round(np.geomspace(s_lo, s_hi, MAX_SHARES)).astype(np.int64))
+        shares = np.unique(np.round(np.geomspace(s_lo, s_hi, LOG_SHARES)).astype(np.int64))
     local, acc = _canonical_split(spec, k, shares)
     ok = acc > 0
     if not ok.any():
         return None
     shares, local, acc = shares[ok], local[ok], acc[ok]
+    shares = acc * local  # the same shares, but for log-spaced ones moved down to what they split into
     raw = np.asarray(model.samples_per_s_array(k, nodes, local.astype(np.float64), acc.astype(np.float64)))
     v = raw * efficiency((shares * k).astype(np.float64)) if efficiency is not None else raw
     v = np.where(np.isfinite(v), v, -np.inf)
     i = int(np.argmax(v))
     if not np.isfinite(v[i]) or v[i] <= 0:
         return None
-    return int(shares[i] * k), int(local[i]), int(acc[i]), float(raw[i]), float(v[i])
+    b = int(shares[i] * k)
+    split = spec.split_batch(k, b)
+    if split is not None and split != (int(local[i]), int(acc[i])):  # log-spaced: report the canonical split
+        r = float(model.samples_per_s(k, nodes, split[0], split[1]))
+        w = r * float(efficiency(np.array([b], dtype=np.float64))[0]) if efficiency is not None else r
+        if np.isfinite(w) and w > 0:
+            return b, split[0], split[1], r, w
+    return b, int(local[i]), int(acc[i]), float(raw[i]), float(v[i])
 
 
 def job_table(

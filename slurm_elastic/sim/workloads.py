@@ -144,9 +144,9 @@ def _nearest_request(spec: ElasticSpec, node_size: int, gpus: int, batch: int) -
         k = min(fits, key=lambda k: (abs(k - gpus), k))
         return k, batch
     for k in sorted(allowed, key=lambda k: (abs(k - gpus), k)):
-        bs = spec.feasible_batches(k) if k <= 4096 else []
-        if bs:
-            return k, min(bs, key=lambda b: (abs(b - batch), b))
+        b = spec.nearest_batch(k, batch)
+        if b is not None:
+            return k, b
     raise SpecError("no GPU count can run any batch in range", field="batch")
 
 

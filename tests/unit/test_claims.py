@@ -109,7 +109,7 @@ def test_a_forging_running_twin_gets_the_same_gpus_and_batch_as_the_honest_one(t
 
 def test_a_pending_twin_that_claims_100_samples_left_does_not_start_first(tmp_path):
     reg = ModelRegistry(node_size=8)
-    (h, dh), (f, df) = _twin(tmp_path, 1, "PENDING", 0, submit=100.0), _twin(tmp_path, 2, "PENDING", 0, submit=200.0)
+    (h, _), (f, df) = _twin(tmp_path, 1, "PENDING", 0, submit=100.0), _twin(tmp_path, 2, "PENDING", 0, submit=200.0)
     _write(df, points=POINTS, samples_seen=4_999_900, total_samples=5_000_000)
     # Room for one at its minimum only: one GPU
     nodes = [NodeRecord("n1", "IDLE", (), 1, 0, 8, ("gpu",))]

@@ -365,3 +365,67 @@ def test_a_running_job_whose_spec_turns_invalid_keeps_its_last_valid_spec_shrink
     assert sim.get_job(b).is_running, "the other user's job never started: the invalid spec hoarded GPUs"
     assert max(sizes) <= 8 and sizes[-1] < 8, sizes  # shrunk for B, never grown
     d.close()
+
+def _bad_values(key):
+    from slurm_elastic.daemon.config import RANGES
+
+    lo, hi = RANGES[key]
+    is_int = isinstance(getattr(__import__("slurm_elastic.daemon.config", fromlist=["DEFAULTS"]).DEFAULTS, key), int)
+    bad = [-1, hi * 2 if is_int else hi * 2.0]
+    if lo is None or lo > 0:
+        bad.append(0)
+    if not is_int:
+        bad += [float("nan"), float("inf"), float("-inf"), 1e308, -1e308]
+    else:
+        bad += [1e308, 2 ** 63]
+    return bad
+
+
+def _range_cases():
+    from slurm_elastic.daemon.config import RANGES
+
+    return [(k, v) for k in RANGES for v in _bad_values(k)]
+
+
+@pytest.mark.parametrize("key,value", _range_cases(), ids=lambda x: str(x))
+def test_every_numeric_key_is_refused_outside_its_range_with_the_key_named(key, value):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({key: value}, source="elastic.toml")
+    assert key in str(e.value) and "elastic.toml" in str(e.value)
+
+
+def test_every_numeric_key_accepts_its_bounds_and_has_a_range():
+    from dataclasses import fields
+
+    from slurm_elastic.daemon.config import DEFAULTS, RANGES
+
+    numeric = {f.name for f in fields(DEFAULTS) if isinstance(getattr(DEFAULTS, f.name), (int, float))
+               and not isinstance(getattr(DEFAULTS, f.name), bool)}
+    assert numeric == set(RANGES)
+    for key, (lo, hi) in RANGES.items():
+        assert lo is None or config_from_dict({key: lo}) is not None
+        assert config_from_dict({key: hi}) is not None
+        assert lo is None or lo <= getattr(DEFAULTS, key) <= hi
+
+
+@pytest.mark.parametrize("sig", ["KILL", "TERM", "INT", "STOP", "HUP", "SIGKILL", "9", "usr2", "", "CONT"])
+def test_stop_signal_comes_from_a_fixed_list(sig):
+    with pytest.raises(ConfigError, match="signal must be one of USR2, USR1"):
+        config_from_dict({"signal": sig})
+    assert config_from_dict({"signal": "USR1"}).signal == "USR1"
+
+
+def test_sighup_reload_keeps_the_old_config_on_a_refused_value(tmp_path):
+    sim = SimulatedSlurm(nodes=1, gpus_per_node=4)
+    path = tmp_path / "elastic.toml"
+    path.write_text(f'state_dir = "{tmp_path}"\nmetrics_address = ""\npoll_interval_s = 7\n')
+    d = Daemon(load_config(path), backend=sim, ack=sim, clock=lambda: sim.now, config_path=str(path))
+    d.open()
+    try:
+        for bad in ('signal = "KILL"', "poll_interval_s = 1e308", "cooldown_s = nan", "ack_timeout_s = inf"):
+            path.write_text(f'state_dir = "{tmp_path}"\nmetrics_address = ""\n{bad}\n')
+            d.reload()
+            assert d.config.signal == "USR2" and d.config.poll_interval_s == 7.0
+            assert d.enactor is None or d.enactor.signal_name == "USR2"
+    finally:
+        d.close()
