@@ -11,8 +11,10 @@ the model's ``max_gpus``) for which some batch is feasible, and for each count `
   the micro-batch must be ``>= min_local_batch``);
 * ties go to the smaller batch. When a count admits more than ``MAX_SHARES`` per-GPU shares (only
   with huge ranges), ``LOG_SHARES`` log-spaced shares are tried instead (then ``b*`` is approximate).
-  So a table costs ``O(counts x (MAX_SHARES log max_accum + max_accum))`` whatever the spec's ranges,
-  with at most ``min(max_gpus, capacity)`` counts (docs/ALGORITHM.md, "What a cycle costs").
+  A job whose exact shares over all its counts exceed ``JOB_SHARES`` gets that budget split over its
+  counts (log-spaced). So a table costs ``O(JOB_SHARES log max_accum + counts x max_accum)`` element
+  work whatever the spec's ranges, with at most ``min(max_gpus, capacity)`` counts (docs/ALGORITHM.md,
+  "What a cycle costs").
 
 Tables are cached per model object (weakly) and per spec shape, so a daemon cycle that sees the
 same jobs again does not recompute them.
@@ -32,6 +34,12 @@ from slurm_elastic.spec import ElasticSpec
 
 MAX_SHARES = 1 << 16  # the most per-GPU shares tried exactly on one GPU count
 LOG_SHARES = 1 << 12  # log-spaced shares tried instead beyond MAX_SHARES (neighbours ~0.4% apart at 2**24)
+# The most shares tried for one job over all its counts: a job whose exact ranges add up to more (only
+# huge ranges do) gets log-spaced shares, this budget split over its counts (at least MIN_COUNT_SHARES
+# each), so a hostile range costs a cycle no more than an ordinary one (benchmarks/hostile_ranges.py).
+JOB_SHARES = 1 << 16
+MAX_SIEVE_STEPS = 512  # accumulation steps sieved exactly on one count; more (max_accum in the thousands): bounded split
+MIN_COUNT_SHARES = 256
 
 
 @dataclass(frozen=True)
@@ -86,15 +94,16 @@ def _canonical_split(spec: ElasticSpec, k: int, shares: np.ndarray) -> tuple[np.
     Contiguous shares (the exact branch of :func:`best_batch`) are sieved: the canonical accumulation of
     ``s`` is the smallest ``a`` dividing ``s`` with ``s / a <= max_local_batch``, so each ``a`` marks the
     unmarked multiples ``a * l`` (``l <= max_local_batch``) once, in ``O(S log max_accum)`` element work
-    and ``max_accum`` steps at most. Other share sets (log-spaced, from huge ranges) get :func:`_fast_split`.
+    and ``max_accum`` steps at most. Other share sets (log-spaced, from huge ranges), and ranges that would
+    take more than ``MAX_SIEVE_STEPS`` steps, get :func:`_fast_split`.
     """
     if shares.size == 0:
         return shares.copy(), np.zeros(0, np.int64)
     lo, hi = int(shares[0]), int(shares[-1])
-    if hi - lo + 1 != shares.size:
+    top = min(spec.max_accum, hi)
+    if hi - lo + 1 != shares.size or top - max(1, -(-lo // spec.max_local_batch)) > MAX_SIEVE_STEPS:
         return _fast_split(spec, shares)
     acc = np.zeros(shares.size, np.int64)
-    top = min(spec.max_accum, hi)
     for a in range(max(1, -(-lo // spec.max_local_batch)), top + 1):
         first = max(-(-lo // a), 1) * a  # smallest multiple of a in range
         last = min(hi, a * spec.max_local_batch)
@@ -128,8 +137,10 @@ def best_batch(
     nodes: int,
     fixed_batch: int | None = None,
     efficiency: Callable[[np.ndarray], np.ndarray] | None = None,
+    budget: int = MAX_SHARES,
 ) -> tuple[int, int, int, float, float] | None:
-    """``(batch, local_batch, accum, samples_per_s, value)`` of the best batch on ``k`` GPUs, or None."""
+    """``(batch, local_batch, accum, samples_per_s, value)`` of the best batch on ``k`` GPUs, or None.
+    ``budget``: the most shares tried (log-spaced beyond it)."""
     if fixed_batch is not None:
         split = spec.split_batch(k, fixed_batch)
         if split is None:
@@ -146,10 +157,10 @@ def best_batch(
     s_hi = min(spec.max_batch // k, spec.max_local_batch * spec.max_accum)
     if s_hi < s_lo:
         return None
-    if s_hi - s_lo + 1 <= MAX_SHARES:
+    if s_hi - s_lo + 1 <= min(MAX_SHARES, budget):
         shares = np.arange(s_lo, s_hi + 1, dtype=np.int64)
     else:
-        shares = np.unique(np.round(np.geomspace(s_lo, s_hi, LOG_SHARES)).astype(np.int64))
+        shares = np.unique(np.round(np.geomspace(s_lo, s_hi, min(LOG_SHARES, budget))).astype(np.int64))
     local, acc = _canonical_split(spec, k, shares)
     ok = acc > 0
     if not ok.any():
@@ -158,18 +169,23 @@ def best_batch(
     shares = acc * local  # the same shares, but for log-spaced ones moved down to what they split into
     raw = np.asarray(model.samples_per_s_array(k, nodes, local.astype(np.float64), acc.astype(np.float64)))
     v = raw * efficiency((shares * k).astype(np.float64)) if efficiency is not None else raw
-    v = np.where(np.isfinite(v), v, -np.inf)
-    i = int(np.argmax(v))
-    if not np.isfinite(v[i]) or v[i] <= 0:
-        return None
-    b = int(shares[i] * k)
-    split = spec.split_batch(k, b)
-    if split is not None and split != (int(local[i]), int(acc[i])):  # log-spaced: report the canonical split
+    v = np.where(np.isfinite(v) & (shares * k >= spec.min_batch), v, -np.inf)
+    # The best candidate whose batch splits canonically (always the first for contiguous shares; a few
+    # tries for the bounded split of huge ranges), reported with that split.
+    for i in np.argsort(-v, kind="stable")[:32].tolist():
+        if not np.isfinite(v[i]) or v[i] <= 0:
+            return None
+        b = int(shares[i] * k)
+        split = spec.split_batch(k, b)
+        if split is None:
+            continue
+        if split == (int(local[i]), int(acc[i])):
+            return b, int(local[i]), int(acc[i]), float(raw[i]), float(v[i])
         r = float(model.samples_per_s(k, nodes, split[0], split[1]))
         w = r * float(efficiency(np.array([b], dtype=np.float64))[0]) if efficiency is not None else r
         if np.isfinite(w) and w > 0:
             return b, split[0], split[1], r, w
-    return b, int(local[i]), int(acc[i]), float(raw[i]), float(v[i])
+    return None
 
 
 def job_table(
@@ -194,9 +210,11 @@ def job_table(
     if hit is not None:
         return hit
     rows = []
-    for k in allowed_counts(spec, node_size, cap, model):
+    counts = allowed_counts(spec, node_size, cap, model)
+    budget = _share_budget(spec, counts)
+    for k in counts:
         n = spec.placement(k, node_size)[0]
-        bb = best_batch(model, spec, k, n, fixed_batch, efficiency)
+        bb = best_batch(model, spec, k, n, fixed_batch, efficiency, budget)
         if bb is not None:
             rows.append((k, n, *bb))
     if not rows:
@@ -209,6 +227,18 @@ def job_table(
         per_model.clear()
     per_model[key] = table
     return table
+
+
+def _share_budget(spec: ElasticSpec, counts: list[int]) -> int:
+    """Shares per count: every exact one while the job's counts add up to at most ``JOB_SHARES``, else
+    that budget split over its counts."""
+    total = 0
+    for k in counts:
+        lo = max(-(-spec.min_batch // k), spec.min_local_batch)
+        total += max(0, min(spec.max_batch // k, spec.max_local_batch * spec.max_accum) - lo + 1)
+        if total > JOB_SHARES:
+            return max(MIN_COUNT_SHARES, JOB_SHARES // max(1, len(counts)))
+    return MAX_SHARES
 
 
 def restart_s(req: JobRequest) -> float:
