@@ -21,10 +21,13 @@ Work left
   and later jobs serve a longer probation (colder trust).
 
 Noise scale
-  * clipped to ``[0, max_batch]``: above the job's largest batch it changes nothing the job can use;
-  * the first value counts at most up to the job's requested batch (what its user asked to run), and the
-    trusted value rises at most 2x per ``NOISE_DOUBLING_S`` of running that Slurm showed; a fall counts
-    at once (it only costs the claimer). A jump to 1e12 changes nothing in the cycle that reads it.
+  * clipped to ``[0, NOISE_CLIP x max_batch]``: past it, the efficiency over the job's own batch range
+    moves by under 10% (``(10 M + b0) / (10 M + M)`` at the largest batch ``M``), so a claim of 1e12
+    buys no more than that;
+  * not used at all (the conservative efficiency instead) for a user whose jobs made a false progress
+    claim. A noise scale cannot be checked against anything Slurm shows, and honest ones jump 25-200x
+    within an epoch (the Pollux traces), so no rate limit tells a forgery from training: docs/ALGORITHM.md
+    says what a forged one can still buy (at most what its own batch range allows).
 
 Pure: the daemon feeds it what Slurm showed (``Evidence``) and the job's report; the simulator feeds it
 its honest jobs, so docs/EVALUATION.md measures what the rule costs honest reports.
@@ -65,8 +68,7 @@ class _Job:
     deadline_s: float | None = None  # running seconds by which the claim says it is done
     deadline_gpus: int = 0
     false: str = ""  # why the progress claim proved false ("" while it has not)
-    noise: float | None = None  # trusted noise scale
-    noise_run_s: float = 0.0
+    noise: float | None = None  # its noise scale, clipped
 
 
 @dataclass
@@ -78,20 +80,20 @@ class ClaimBook:
     SLACK_S = 60.0
     OVERRUN = 2.0
     GRACE_S = 300.0
-    NOISE_DOUBLING_S = 1800.0
     MAX_STRIKES = 8
+    NOISE_CLIP = 10.0  # x max_batch: past it, efficiency over the job's range moves by under 10%
 
     jobs: dict = field(default_factory=dict)  # job id -> _Job
     strikes: dict = field(default_factory=dict)  # user -> false claims of its jobs
 
     def update(self, job_id: int, user: str, ev: Evidence, *, seen=None, total=None, noise_scale=None,
-               max_batch: int, requested_batch: int) -> Trusted:
+               max_batch: int) -> Trusted:
         """Take this cycle's report of ``job_id`` and return what of it the scheduler may use."""
         c = self.jobs.get(job_id)
         if c is None:
             c = self.jobs[job_id] = _Job(user=user or "")
         left, note = self._progress(c, ev, _finite(seen), _finite(total))
-        ns = self._noise(c, ev, _finite(noise_scale), max_batch, requested_batch)
+        ns = self._noise(c, _finite(noise_scale), max_batch)
         return Trusted(remaining_samples=left, noise_scale=ns, note=note)
 
     def probation_s(self, user: str) -> float:
@@ -134,18 +136,13 @@ class ClaimBook:
             return None, f"{done}; spent"
         return left, done
 
-    def _noise(self, c: _Job, ev: Evidence, ns, max_batch: int, requested_batch: int) -> float | None:
-        if ns is None or ns < 0:
-            return c.noise
-        ns = min(ns, float(max_batch))
-        if c.noise is None:
-            c.noise, c.noise_run_s = min(ns, float(requested_batch)), ev.running_s
-        elif ns <= c.noise:
-            c.noise, c.noise_run_s = ns, ev.running_s
-        else:
-            ran = max(0.0, ev.running_s - c.noise_run_s)
-            c.noise = min(ns, c.noise * 2.0 ** (ran / self.NOISE_DOUBLING_S))
-            c.noise_run_s = ev.running_s
+    def _noise(self, c: _Job, ns, max_batch: int) -> float | None:
+        """The noise scale clipped to ``NOISE_CLIP`` x the job's largest batch; none from a user with a
+        false claim."""
+        if self.strikes.get(c.user, 0) > 0:
+            return None
+        if ns is not None and ns >= 0:
+            c.noise = min(ns, self.NOISE_CLIP * float(max_batch))
         return c.noise
 
     def forget(self, live) -> None:

@@ -99,6 +99,7 @@ class SimJob:
     acked: bool = False
     version: int = 0
     gpu_s: float = 0.0
+    run_s: float = 0.0  # seconds it ran (held GPUs), over all its runs
     lost_gpu_s: float = 0.0  # GPU-seconds held while checkpointing or restarting
     startup_gpu_s: float = 0.0
     rescales: int = 0
@@ -346,6 +347,10 @@ class SimulatedSlurm(SlurmBackend):
             return j.processed + j.rate * (self.now - j.last_update)
         return j.processed
 
+    def running_s(self, j: SimJob) -> float:
+        """Seconds the job has held GPUs, over all its runs (what Slurm shows the daemon)."""
+        return j.run_s + ((self.now - j.run_start) if j.nodes else 0.0)
+
     def attained_gpu_s(self, j: SimJob) -> float:
         return j.gpu_s + (j.gpus * (self.now - j.run_start) if j.nodes else 0.0)
 
@@ -391,6 +396,7 @@ class SimulatedSlurm(SlurmBackend):
         self.in_use -= j.gpus
         self._nodes_cache = None
         j.gpu_s += j.gpus * (self.now - j.run_start)
+        j.run_s += self.now - j.run_start
         j.nodes = []
         self._dirty = True
 

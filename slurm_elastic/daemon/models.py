@@ -65,8 +65,7 @@ class ModelRegistry:
                       rate=max(here) if here else None, best_rate=max(rates) if rates else None)
         r = report or {}
         t = self.claims.update(job.job_id, job.user, ev, seen=r.get("samples_seen"), total=r.get("total_samples"),
-                               noise_scale=r.get("noise_scale"), max_batch=spec.max_batch,
-                               requested_batch=spec.requested_batch)
+                               noise_scale=r.get("noise_scale"), max_batch=spec.max_batch)
         self.notes[job.job_id] = t.note
         self.trusted_noise[job.job_id] = t.noise_scale  # goes to the model's facts (with its base batch)
         return JobInfo(attained_gpu_s=self.evidence.gpu_seconds(job.job_id), remaining_samples=t.remaining_samples)

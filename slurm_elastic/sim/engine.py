@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from slurm_elastic import enact
 from slurm_elastic.backends.base import JobRecord
 from slurm_elastic.backends.simulated import SimJob, SimulatedSlurm
+from slurm_elastic.claims import ClaimBook, Evidence
 from slurm_elastic.enact import CycleState, Enactor
 from slurm_elastic.planner import PlannerConfig
 from slurm_elastic.policies.base import Policy
@@ -41,7 +42,7 @@ from slurm_elastic.problem import JobInfo
 from slurm_elastic.profiles import model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.sim.workloads import WorkloadJob
-from slurm_elastic.spec import ElasticSpec
+from slurm_elastic.spec import ElasticSpec, parse_spec
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class SimConfig:
     ack_timeout_s: float = 600.0
     work_model: str = "samples"  # "samples" (the paper's) or "goodput" (Pollux statistical efficiency)
     report_progress: bool = True  # jobs report the work they have left (JobRequest.remaining_samples)
+    trust_claims: bool = True  # the daemon's trust rule over what jobs report (slurm_elastic.claims)
     # Issue 13: node groups (count, GPUs per node, partition, GPU type) instead of nodes x gpus_per_node
     # in one partition (gpus_per_node still shapes rigid jobs); see backends/simulated.py.
     groups: tuple[tuple[int, int, str, str], ...] | None = None
@@ -156,18 +158,35 @@ class Simulation:
         def model_for(record: JobRecord, spec: ElasticSpec) -> ThroughputModel:
             return models[record.job_id]
 
+        claims = ClaimBook()
+
         def job_info(record: JobRecord) -> JobInfo | None:
             """What the simulated job reports, as the in-job library would: its noise scale (while it
-            trains), the GPU-seconds it has had and the work it has left."""
+            trains), the GPU-seconds it has had and the work it has left; with ``trust_claims``, through
+            the daemon's trust rule (slurm_elastic.claims), its true speed standing for the verified one."""
             j = backend.jobs[record.job_id]
             if not j.elastic:
                 return None
             trace = j.grad_trace
+            ns = backend.noise_scale(j)
+            left = max(0.0, j.total_samples - backend.progress(j)) if cfg.report_progress else None
+            if cfg.trust_claims:
+                spec = parse_spec(j.comment, j.job_id)
+                rate = j.rate if j.nodes and j.rate > 0 else None
+                t = claims.update(j.job_id, j.user, Evidence(backend.running_s(j), j.gpus if j.nodes else 0, rate,
+                                                             max(rate or 0.0, best_rate.get(j.job_id, 0.0)) or None),
+                                  seen=backend.progress(j) if left is not None else None,
+                                  total=j.total_samples if left is not None else None, noise_scale=ns,
+                                  max_batch=spec.max_batch)
+                if rate:
+                    best_rate[j.job_id] = max(rate, best_rate.get(j.job_id, 0.0))
+                ns, left = t.noise_scale, t.remaining_samples
             return JobInfo(
-                noise_scale=backend.noise_scale(j), base_batch=int(trace.b0) if trace is not None else None,
-                attained_gpu_s=backend.attained_gpu_s(j),
-                remaining_samples=max(0.0, j.total_samples - backend.progress(j)) if cfg.report_progress else None,
+                noise_scale=ns, base_batch=int(trace.b0) if trace is not None else None,
+                attained_gpu_s=backend.attained_gpu_s(j), remaining_samples=left,
             )
+
+        best_rate: dict[int, float] = {}
 
         done_count = 0
 

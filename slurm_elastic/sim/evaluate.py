@@ -42,6 +42,7 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:unranked=las,noprogress", "dp (completion) when jobs report no progress: ranked by attained service"),
             ("dp:admission=priority", "dp, priority admission (every pending job whose minimum fits starts)"),
             ("dp:round_trip=1", "dp, round trip (a grow also pays the restart back to its minimum)"),
+            ("dp:trusting", "dp with every report trusted as it comes (no trust rule: slurm_elastic.claims)"),
             ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
              "dp, rescale stability off (restart over min(horizon, remaining))"))
 
@@ -55,7 +56,7 @@ def _policy(spec: str):
     name, _, opts = spec.partition(":")
     kw = {}
     for o in filter(None, opts.split(",")):
-        if o == "noprogress":
+        if o in ("noprogress", "trusting"):
             continue
         k, v = o.split("=")
         kw[k] = v
@@ -65,7 +66,7 @@ def _policy(spec: str):
 def goodput_config(spec: str) -> SimConfig:
     """Pollux's simulator's setting: goodput work model following the traces, 30 s per re-allocation."""
     return SimConfig(work_model="goodput", checkpoint_s=0.0, restart_s=30.0,
-                     report_progress="noprogress" not in spec)
+                     report_progress="noprogress" not in spec, trust_claims="trusting" not in spec)
 
 
 def _alone_s(w, cfg: SimConfig) -> float:
