@@ -1,0 +1,220 @@
+"""Issue 24 on the live plugin cluster: what a job reports is a claim, and a spec edited after the start
+cannot take a job out of the daemon's hands.
+
+Two unprivileged users: ``h24c_f`` forges, ``h24c_h`` is the honest twin (same spec, same jobs, same
+speed). The daemon runs in this process (its views are read directly), over the real Slurm, on every
+Slurm version of the machine (``lua_cluster`` is parametrised over them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+from faultlib import jobs_by_id, scancel, unix_users, wait_for
+
+from slurm_elastic.daemon.config import config_from_dict
+from slurm_elastic.daemon.loop import Daemon
+
+pytestmark = [pytest.mark.slurm]
+USERS = ("h24c_f", "h24c_h")
+SPEC = "elastic:min_gpus=1,max_gpus=4,min_batch=64,max_batch=1024,max_local_batch=256,batch=64"
+# A job step that acknowledges the daemon's stop as the in-job library does (stop-ack.<job>.<restart>.json
+# in its ckpt dir, then exit), so the daemon can resize it; $1 is the ckpt dir.
+ACKING = """#!/bin/bash
+srun --ntasks=1 bash -c '
+ack() { r=${SLURM_RESTART_COUNT:-0}; f="$0/stop-ack.$SLURM_JOB_ID.$r.json";
+        printf "{\\"job_id\\": \\"%s\\", \\"restart_count\\": %s}" "$SLURM_JOB_ID" "$r" > "$f.tmp" && mv "$f.tmp" "$f"; exit 0; }
+trap ack USR2; while :; do sleep 1; done' "$1"
+sleep 30
+"""
+
+
+@pytest.fixture(scope="module")
+def users():
+    with unix_users(USERS) as found:
+        yield found
+
+
+def _dir(c, name: str, pw) -> Path:
+    d = c.job_dir(f"h24c-{name}-{time.monotonic_ns()}")
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    return d
+
+
+def _report(d: Path, pw, **fields) -> None:
+    """The job's throughput.json, written by its user (the daemon reads only the owner's files)."""
+    tmp = d / "throughput.json.tmp"
+    tmp.write_text(json.dumps({"format": 1, **fields}))
+    os.chown(tmp, pw.pw_uid, pw.pw_gid)
+    os.replace(tmp, d / "throughput.json")
+
+
+def _as_user(c, user, *argv):
+    """A Slurm tool of this cluster run as ``user`` (inside the chroot for a chroot cluster)."""
+    import subprocess
+
+    return subprocess.run([*c.prefix, "runuser", "-u", user, "--", f"{c.config.bin}/{argv[0]}", *argv[1:]],
+                          env=c.env, capture_output=True, text=True, timeout=30, check=False)
+
+
+def _submit(c, user, d: Path, spec=SPEC, script=None, *extra) -> int:
+    argv = [f"--comment={spec},ckpt_dir={c.inside(d)}", "--requeue", "--gres=gpu:1", "-o", "/dev/null", "--partition=gpu",
+            *extra, str(script or c.script)]
+    if script is not None:
+        argv.append(str(d))
+    return c.sbatch(argv, cwd=d, user=user)
+
+
+def _daemon(c, state: Path, **over) -> Daemon:
+    cfg = {"state_dir": str(state), "metrics_address": "", "cooldown_s": 3600, "partitions": ["gpu"],
+           "poll_interval_s": 2, "ack_timeout_s": 60, "restart_cost_s": 5}
+    cfg.update(over)
+    d = Daemon(config_from_dict(cfg), backend=c.backend)
+    d.open()
+    d.models.claims.PROBATION_S = 5.0  # the live test cannot wait the minute the daemon asks
+    return d
+
+
+def _views(d: Daemon) -> dict:
+    return d.db.job_views()
+
+
+def test_forged_claims_buy_no_gpus_and_no_place_in_the_queue(lua_cluster, users, tmp_path, reliability):
+    reliability("claims earn trust", "forged progress and noise-scale reports against an honest twin",
+                "a pending job that never ran claims 100 samples left; a running job jumps samples_seen to just "
+                "below its total; a running job reports noise_scale = 1e12 (2 users, plugin on)",
+                "the honest earlier job starts first; the jump is refused in the cycle that reads it (status "
+                "names it, the user gets a strike) and the twins keep the same GPUs; the noise scale is clipped "
+                "to 10 x max_batch; the cycles run for both users")
+    c = lua_cluster
+    (fu, fpw), (hu, hpw) = [(u, users[u]) for u in USERS]
+    ids = []
+    d = None
+    try:
+        # 7 of the managed partition's 8 GPUs held by two rigid jobs: room for one elastic job at 1 GPU
+        ids += [c.sbatch(["--gres=gpu:4", "-w", "node1", "-o", "/dev/null", "--partition=gpu", str(c.script)]),
+                c.sbatch(["--gres=gpu:3", "-w", "node2", "-o", "/dev/null", "--partition=gpu", str(c.script)])]
+        wait_for(lambda: all(j.is_running for j in jobs_by_id(c, ids[:2]).values()) and len(ids) == 2, 60,
+                 "the rigid jobs to run")
+        hd, fd = _dir(c, "honest", hpw), _dir(c, "forger", fpw)
+        _report(fd, fpw, points=[{"gpus": 1, "batch": 64, "samples_per_s": 500.0}], samples_seen=999_900,
+                total_samples=1_000_000)
+        honest = _submit(c, hu, hd)
+        time.sleep(1.5)  # submitted later: behind the honest job in the queue
+        forger = _submit(c, fu, fd)
+        ids += [honest, forger]
+        d = _daemon(c, tmp_path / "state")
+        for _ in range(3):
+            assert d.cycle() is not None
+            time.sleep(1)
+        recs = wait_for(lambda: (r := jobs_by_id(c, [honest, forger])) and r[honest].is_running and r, 60,
+                        "the honest job to start")
+        assert recs[forger].is_pending, recs[forger]  # the claim bought no place in the queue
+        reliability.figure("queue: started first", f"honest (job {honest}); forger pending")
+
+        # both running on equal terms: free the rigid GPUs, let the twins start and run their probation
+        scancel(c, ids[:2])
+        wait_for(lambda: all(j.is_running for j in jobs_by_id(c, [honest, forger], include_finished=False).values())
+                 and (d.cycle() or True) and len(jobs_by_id(c, [honest, forger], include_finished=False)) == 2
+                 and all(j.is_running for j in jobs_by_id(c, [honest, forger]).values()), 90, "both twins to run")
+        for jid, dd, pw in ((honest, hd, hpw), (forger, fd, fpw)):
+            k = jobs_by_id(c, [jid])[jid].gpus_total
+            _report(dd, pw, points=[{"gpus": k, "batch": 64, "samples_per_s": 500.0}], samples_seen=1000,
+                    total_samples=1_000_000, noise_scale=300.0, base_batch=64)
+        time.sleep(7)
+        d.cycle()
+        v = _views(d)
+        assert "1e+06 samples done" in (v[honest]["model"] or ""), v[honest]
+        assert "1e+06 samples done" in (v[forger]["model"] or "")
+
+        # the forger's noise scale: 1e12 is clipped to 10 x max_batch
+        k = jobs_by_id(c, [forger])[forger].gpus_total
+        _report(fd, fpw, points=[{"gpus": k, "batch": 64, "samples_per_s": 500.0}], samples_seen=1000,
+                total_samples=1_000_000, noise_scale=1e12, base_batch=64)
+        d.cycle()
+        v = _views(d)
+        assert v[forger]["noise_scale"] == 10 * 1024.0 and v[honest]["noise_scale"] == 300.0, (v[forger], v[honest])
+        reliability.figure("noise scale used (forged 1e12)", v[forger]["noise_scale"])
+
+        # the forger's progress: a jump to just below the total, caught in the cycle that reads it
+        _report(fd, fpw, points=[{"gpus": k, "batch": 64, "samples_per_s": 500.0}], samples_seen=999_990,
+                total_samples=1_000_000, noise_scale=300.0, base_batch=64)
+        d.cycle()
+        v = _views(d)
+        assert "progress claim not used" in v[forger]["model"], v[forger]
+        assert d.models.progress[forger].remaining_samples is None
+        assert d.models.progress[honest].remaining_samples is not None
+        assert d.models.claims.strikes.get(fu) == 1 and hu not in d.models.claims.strikes
+        assert v[forger]["target_gpus"] == v[honest]["target_gpus"], (v[forger], v[honest])
+        reliability.figure("GPUs planned honest / forger after the jump",
+                           f"{v[honest]['target_gpus']} / {v[forger]['target_gpus']}")
+        lost = sum(1 for j in jobs_by_id(c, [honest, forger]).values() if not j.is_active)
+        reliability.jobs(lost=lost, left_held=sum(1 for j in jobs_by_id(c, [honest, forger]).values() if j.held))
+        assert lost == 0
+    finally:
+        if d is not None:
+            d.close()
+        scancel(c, ids)
+
+
+def test_a_running_job_whose_spec_turns_invalid_is_still_shrunk_for_others(lua_cluster, users, tmp_path,
+                                                                           reliability, caplog):
+    reliability("spec edits after start", "a running job's Comment edited by its owner to one the daemon refuses",
+                "scontrol update of a running 4-GPU job to weight=1000000 (the plugin accepts it; the site's "
+                "max_weight does not); then the other user's job needs GPUs",
+                "the job is never left unmanaged: the log and status name the invalid spec, it keeps its last "
+                "valid spec capped at its GPUs (never grown), and it is shrunk so the other user's job starts")
+    c = lua_cluster
+    (fu, fpw), (hu, hpw) = [(u, users[u]) for u in USERS]
+    script = c.job_dir("h24c-scripts") / "acking.sh"
+    script.write_text(ACKING)
+    script.chmod(0o755)
+    ids, d = [], None
+    caplog.set_level(logging.WARNING, logger="slurm_elastic")
+    try:
+        fd = _dir(c, "edited", fpw)
+        big = _submit(c, fu, fd, SPEC.replace("min_gpus=1,max_gpus=4", "min_gpus=1,max_gpus=8"), script)
+        ids.append(big)
+        d = _daemon(c, tmp_path / "state", cooldown_s=0, max_weight=100)
+        for _ in range(3):
+            d.cycle()
+            time.sleep(1)
+        rec = wait_for(lambda: (r := jobs_by_id(c, [big])[big]).is_running and r, 60, "the job to run")
+        start_gpus = rec.gpus_total
+        assert start_gpus >= 4, rec
+        time.sleep(3)  # its step (and the trap) is up
+        edited = (SPEC.replace("min_gpus=1,max_gpus=4", "min_gpus=1,max_gpus=8")
+                  + f",ckpt_dir={c.inside(fd)},weight=1000000")
+        r = _as_user(c, fu, "scontrol", "update", f"jobid={big}", f"comment={edited}")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        d.cycle()
+        v = _views(d)
+        assert v[big]["reason"].startswith("spec invalid ("), v[big]
+        assert any("spec turned invalid" in m for m in caplog.messages), caplog.messages
+        assert (v[big]["target_gpus"] or 0) <= start_gpus
+        other = _submit(c, hu, _dir(c, "other", hpw), SPEC.replace("min_gpus=1", "min_gpus=4"))
+        ids.append(other)
+        sizes = []
+
+        def placed():
+            d.cycle()
+            recs = jobs_by_id(c, [big, other])
+            if recs[big].is_running:
+                sizes.append(recs[big].gpus_total)
+            return recs[other].is_running and recs
+
+        recs = wait_for(placed, 120, "the other user's job to start (the edited job shrunk for it)")
+        assert max(sizes) <= start_gpus, sizes  # never grown
+        assert recs[big].is_active and not recs[big].held or recs[big].is_pending, recs[big]
+        reliability.figure("GPUs of the edited job before / after", f"{start_gpus} / {min(sizes) if sizes else 0}")
+        reliability.jobs(lost=sum(1 for j in recs.values() if not j.is_active), left_held=0)
+        assert all(j.is_active for j in recs.values())
+    finally:
+        if d is not None:
+            d.close()
+        scancel(c, ids)
