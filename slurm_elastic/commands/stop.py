@@ -5,6 +5,12 @@ It uses the job's stop protocol (docs/TRAINING.md): USR2 to the job's steps (and
 waits for ``stop-ack.<job>.<restart>.json`` (the checkpoint is on disk) and cancels the job. It
 refuses, saying why, when the job is not there, not elastic, not the caller's, or not running (a
 pending job has nothing to checkpoint). It prints how to continue in a new submission.
+
+Run as root, it acts on the job's directory only as the job's owner (uid from Slurm): the stop-request
+is created by a child that dropped to that user (:mod:`slurm_elastic.daemon.userwrite`), never through a
+symlink and never by opening a FIFO or device; the ack is read by the daemon's safe, bounded reader
+(:mod:`slurm_elastic.daemon.userfiles`). Anything unsafe there (a symlink, a FIFO, a directory of another
+user) is refused, naming the path, before the job is signalled: the job keeps running, untouched.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import pwd
 import time
 
 import click
+
+ACK_MAX_BYTES = 64 * 1024  # the daemon's bound for the same file
 
 
 def resubmit_hint(comment: str, ckpt_dir: str) -> str:
@@ -31,8 +39,10 @@ def stop(job_id, timeout_s):
     """Checkpoint JOB_ID at its next step and end it; its checkpoint is kept for a new submission."""
     from slurm_elastic.backends.base import SlurmError
     from slurm_elastic.backends.cli import CliBackend
+    from slurm_elastic.daemon.userfiles import UserFileError, read_json
+    from slurm_elastic.daemon.userwrite import create_file
     from slurm_elastic.spec import SpecError, is_elastic_comment, parse_spec
-    from slurm_elastic.train.protocol import read_ack, stop_request_path
+    from slurm_elastic.train.protocol import ack_path, stop_request_path
 
     b = CliBackend()
     try:
@@ -64,19 +74,48 @@ def stop(job_id, timeout_s):
             f"job {job_id} is not running ({why}): there is nothing to checkpoint. End it with scancel {job_id}; "
             f"its checkpoint directory {ckpt} is kept either way")
     restart = job.restart_count
-    if read_ack(ckpt, job_id, restart) is None:
+    uid = job.user_id
+    if uid is None:
+        raise click.ClickException(f"job {job_id}: Slurm does not report its owner's uid, so its directory {ckpt} "
+                                   "is not touched; the job was not signalled and keeps running")
+    ack_name = ack_path(ckpt, job_id, restart).name
+    untouched = "the job was not signalled and keeps running"
+
+    def read_ack() -> dict | None:
+        data = read_json(ckpt, ack_name, uid, max_bytes=ACK_MAX_BYTES)
+        if isinstance(data, dict) and str(data.get("job_id")) == str(job_id) and data.get("restart_count") == restart:
+            return data
+        return None
+
+    try:
+        ack = read_ack()
+    except UserFileError as e:
+        raise click.ClickException(f"job {job_id}: refusing to read stop-ack: {e.describe()}; {untouched}") from None
+    if ack is None:
+        req = stop_request_path(ckpt, job_id, restart)
         try:
-            with open(stop_request_path(ckpt, job_id, restart), "a"):
-                pass
-        except OSError:
-            pass  # the signal is the request; the file only helps tasks that are still starting
+            create_file(ckpt, req.name, uid)
+        except FileNotFoundError:
+            pass  # no directory yet: the signal is the request; the file only helps tasks that are still starting
+        except UserFileError as e:
+            raise click.ClickException(f"job {job_id}: refusing to write stop-request: {e.describe()}; "
+                                       f"{untouched}") from None
         try:
             b.signal(job_id, "USR2")
         except SlurmError as e:
             raise click.ClickException(f"job {job_id}: cannot signal it: {e}") from e
-        click.echo(f"job {job_id}: asked to checkpoint (USR2); waiting for {ckpt}/stop-ack.{job_id}.{restart}.json")
+        click.echo(f"job {job_id}: asked to checkpoint (USR2); waiting for {ckpt}/{ack_name}")
     deadline = time.monotonic() + timeout_s
-    while (ack := read_ack(ckpt, job_id, restart)) is None:
+    problem = ""
+    while ack is None:
+        time.sleep(0.5)
+        try:
+            ack = read_ack()
+            problem = ""
+        except UserFileError as e:  # the job's own atomic write replaces whatever is there; until then, wait
+            problem = e.describe()
+        if ack is not None:
+            break
         try:
             cur = b.get_job(job_id)
         except SlurmError:
@@ -86,9 +125,9 @@ def stop(job_id, timeout_s):
                 f"job {job_id} ended or was requeued before acknowledging a checkpoint "
                 f"({cur.state if cur else 'gone'}); its last periodic checkpoint, if any, is in {ckpt}")
         if time.monotonic() > deadline:
-            raise click.ClickException(f"job {job_id}: no checkpoint acknowledgement within {timeout_s:g} s; the job "
-                                       "keeps running (is the training script using slurm_elastic.train?)")
-        time.sleep(0.5)
+            why = f" ({problem})" if problem else ""
+            raise click.ClickException(f"job {job_id}: no checkpoint acknowledgement within {timeout_s:g} s{why}; "
+                                       "the job keeps running (is the training script using slurm_elastic.train?)")
     try:
         b._call("scancel", [str(job_id)])
     except SlurmError as e:

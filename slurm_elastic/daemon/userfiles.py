@@ -35,6 +35,10 @@ class UserFileError(ValueError):
         self.reason = reason
         super().__init__(f"{reason}: {path}")
 
+    def describe(self) -> str:
+        """The path first: ``/d/stop-request.12.0 is a symlink (not followed)``, ``/d: directory owned by ...``."""
+        return f"{self.path} {self.reason}" if self.reason.startswith("is ") else f"{self.path}: {self.reason}"
+
 
 def _is_trusted_dir(st: os.stat_result) -> bool:
     """Only root can change what this directory holds (so a symlink in it was put there by root)."""
