@@ -12,6 +12,15 @@ Order of backend calls (the contract the daemon and the simulator share):
 - **Preempt**: as a resize, but after ``requeue_hold`` the job stays held (decision unchanged).
 - **Hold**: ``hold`` a released job that Slurm could not place (it is pending again).
 
+A job slow to end (it acknowledged the stop but ignores TERM: Slurm waits KillWait before it kills
+it) must delay only itself (issue 24 item 7): where the backend can, ``requeue_hold`` returns at once
+(``wait=False``) and the resize stays in flight, *requeued*, until a later poll sees Slurm show the
+job plain ``PENDING`` (the requeue done); only then ``update_job`` and ``release``. Each poll checks
+every requeued job once and moves on, so other resizes, starts and the cycle never wait for it. The
+journal's order is kept: the ``requeue_hold`` step is written before the call, ``update`` and
+``release`` before theirs; a crash in between leaves the intent at ``requeue_hold``, which
+:func:`slurm_elastic.daemon.journal.reconcile` finishes once the job is pending (not while it ends).
+
 The enactor never blocks: :meth:`Enactor.apply` starts actions, :meth:`Enactor.poll` moves in-flight
 resizes on (call it every few seconds in the daemon; the simulator calls it after every event). The
 acknowledgement is an interface point: the simulated backend implements ``checkpoint_acked`` itself;
@@ -23,6 +32,7 @@ planner.plan -> Enactor.apply``; the simulator calls exactly this function.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -62,6 +72,8 @@ class ActionResult:
 class _InFlight:
     action: pl.Resize | pl.Preempt
     signalled_at: float
+    requeued_at: float | None = None  # driver clock when requeue_hold was sent (not waited for)
+    requeued_wall: float = 0.0  # time.time() then: Slurm revokes the job's credentials for that second
 
 
 class Enactor:
@@ -76,8 +88,10 @@ class Enactor:
         ack_timeout_s: float = 300.0,
         signal: str = "USR2",
         journal: Journal | None = None,
+        requeue_timeout_s: float = 600.0,
     ):
         self.backend = backend
+        self.requeue_timeout_s = requeue_timeout_s
         if ack is None:
             if not isinstance(backend, CheckpointAck):
                 raise TypeError("a backend without checkpoint_acked needs an explicit ack source")
@@ -90,6 +104,13 @@ class Enactor:
         self.excluded: set[int | str] = set()  # jobs given an ExcNodeList for a rigid job (cleared later)
         self.log: list[ActionResult] = []
         self.journal = journal
+
+    def _requeue_nowait(self) -> bool:
+        """Can this backend's requeue_hold return before Slurm has finished the requeue?"""
+        try:
+            return "wait" in inspect.signature(self.backend.requeue_hold).parameters
+        except (TypeError, ValueError):
+            return False
 
     def _step(self, action, step: str) -> None:
         if self.journal is not None:
@@ -166,13 +187,43 @@ class Enactor:
         out.extend(self.poll())
         return out
 
+    def _finish_requeued(self, job_id, f: _InFlight, now: float) -> ActionResult | None:
+        """Place a job whose requeue_hold was sent, once Slurm shows the requeue done; None: not yet."""
+        a = f.action
+        job = self.backend.get_job(job_id)
+        if job is None:
+            del self.in_flight[job_id]
+            return self._result(a, "error", "the job left the queue while being requeued")
+        settled = job.is_requeued_settled and (self.backend.requeue_settles_at_once
+                                               or time.time() - f.requeued_wall >= 1.05)
+        if not settled:
+            if now - f.requeued_at >= self.requeue_timeout_s:
+                del self.in_flight[job_id]
+                return self._result(a, "error", f"still {job.state} {now - f.requeued_at:.0f} s after "
+                                                f"requeuehold; left held for the next cycles")
+            return None
+        del self.in_flight[job_id]
+        if isinstance(a, pl.Resize):
+            self._place(a)
+        return self._result(a, "done")
+
     def poll(self) -> list[ActionResult]:
-        """Finish every in-flight resize whose checkpoint is acknowledged; drop timed-out ones."""
+        """Finish every in-flight resize whose checkpoint is acknowledged; drop timed-out ones. A job whose
+        requeue Slurm is still finishing is looked at once and left for the next poll."""
         out = []
         now = self.clock()
         for job_id in list(self.in_flight):
             f = self.in_flight[job_id]
             a = f.action
+            if f.requeued_at is not None:
+                try:
+                    r = self._finish_requeued(job_id, f, now)
+                except SlurmError as e:
+                    self.in_flight.pop(job_id, None)
+                    r = self._result(a, "error", str(e))
+                if r is not None:
+                    out.append(r)
+                continue
             try:
                 acked = self.ack.checkpoint_acked(job_id)
             except SlurmError as e:
@@ -184,16 +235,25 @@ class Enactor:
                     del self.in_flight[job_id]
                     out.append(self._result(a, "timeout", f"no checkpoint ack in {self.ack_timeout_s:.0f}s; left running as it is"))
                 continue
-            del self.in_flight[job_id]
             try:
                 self._step(a, "requeue_hold")
+                if self._requeue_nowait():
+                    self.backend.requeue_hold(job_id, wait=False)
+                    f.requeued_at, f.requeued_wall = now, time.time()
+                    r = self._finish_requeued(job_id, f, now)
+                    if r is not None:
+                        out.append(r)
+                    continue
+                del self.in_flight[job_id]
                 self.backend.requeue_hold(job_id)
                 if isinstance(a, pl.Resize):
                     self._place(a)
                 out.append(self._result(a, "done"))
             except JobNotRequeueable as e:
+                self.in_flight.pop(job_id, None)
                 out.append(self._result(a, "error", f"not requeueable, left as it is: {e}"))
             except SlurmError as e:
+                self.in_flight.pop(job_id, None)
                 out.append(self._result(a, "error", str(e)))
         return out
 

@@ -311,7 +311,14 @@ def build_problem(
         if not r.is_active:
             continue
         is_el = managed_partition(r.partition) and is_elastic_comment(r.comment)
-        if is_el and r.job_id in left_alone and r.job_id not in in_flight:
+        ending = r.is_completing and r.job_id not in in_flight
+        if is_el and ending:
+            # Cancelled, ended or requeued outside the daemon and still ending (COMPLETING, up to KillWait):
+            # never planned (issue 24 item 7: a cancelled job was given start attempts); its GPUs, still
+            # held on its nodes, count as taken.
+            unmanaged[r.job_id] = f"ending ({r.state}{'+COMPLETING' if r.state != 'COMPLETING' else ''}): not planned"
+            is_el = False
+        elif is_el and r.job_id in left_alone and r.job_id not in in_flight:
             unmanaged[r.job_id] = left_alone[r.job_id]
             is_el = False
         elif is_el and not r.requeueable and not r.is_pending and r.job_id not in in_flight:
@@ -341,7 +348,7 @@ def build_problem(
         elif (r.is_pending and not r.held and managed_partition(r.partition) and not is_elastic_comment(r.comment)
               and (r.gpus_total > 0 or r.gpus_per_node > 0) and r.state_reason in RIGID_WAITING):
             rigid.append(r)
-        if r.is_running and r.gpus_total > 0:
+        if (r.is_running or (ending and r.nodes)) and r.gpus_total > 0:
             on = [n for n in r.nodes if n in managed_names]
             if r.nodes and not on:
                 continue  # runs outside the managed nodes

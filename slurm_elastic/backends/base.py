@@ -191,9 +191,15 @@ class SlurmBackend(abc.ABC):
     def release(self, job_id: int) -> None:
         """Release a held job so Slurm may start it."""
 
+    # True where requeue_hold is done when it returns (the simulator): the enactor then places the job in
+    # the same poll. Slurm finishes a requeue asynchronously (COMPLETING until the job's processes end).
+    requeue_settles_at_once = False
+
     @abc.abstractmethod
-    def requeue_hold(self, job_id: int) -> None:
-        """Stop a running batch job and put it back in the queue, held. Refuses non-requeueable jobs."""
+    def requeue_hold(self, job_id: int, *, wait: bool = True) -> None:
+        """Stop a running batch job and put it back in the queue, held. Refuses non-requeueable jobs.
+        ``wait``: return once Slurm has finished the requeue (:meth:`wait_requeued`); False returns at once
+        (the enactor then finishes the resize on a later poll, so one job slow to end delays only itself)."""
 
     @abc.abstractmethod
     def update_job(

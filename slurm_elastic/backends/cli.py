@@ -206,14 +206,15 @@ class CliBackend(SlurmBackend):
     def release(self, job_id: int) -> None:
         self._call("scontrol", ["release", self._jid(job_id)])
 
-    def requeue_hold(self, job_id: int) -> None:
+    def requeue_hold(self, job_id: int, *, wait: bool = True) -> None:
         job = self.get_job(job_id)
         if job is None:
             raise SlurmError(f"job {job_id} is not active; nothing to requeue")
         if not job.requeueable:
             raise JobNotRequeueable(f"job {job_id} was submitted with --no-requeue; Slurm refuses to requeue it")
         self._call("scontrol", ["requeuehold", self._jid(job_id)], retry=False)
-        self.wait_requeued(job_id)
+        if wait:
+            self.wait_requeued(job_id)
 
     def requeue_failed(self, job_id: int) -> None:
         # scontrol requeuehold also takes a finished batch job (until MinJobAge drops its record).

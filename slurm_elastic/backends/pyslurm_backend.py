@@ -350,14 +350,15 @@ class PyslurmBackend(SlurmBackend):
         jid = self._jid(job_id)
         self._rpc(f"release job {jid}", lambda: self.pyslurm.Job(jid).release())
 
-    def requeue_hold(self, job_id: int) -> None:
+    def requeue_hold(self, job_id: int, *, wait: bool = True) -> None:
         job = self.get_job(job_id)
         if job is None:
             raise SlurmError(f"job {job_id} is not active; nothing to requeue")
         if not job.requeueable:
             raise JobNotRequeueable(f"job {job_id} was submitted with --no-requeue; Slurm refuses to requeue it")
         self._rpc(f"requeuehold job {job_id}", lambda: self.pyslurm.Job(job_id).requeue(hold=True), retry=False)
-        self.wait_requeued(job_id)
+        if wait:
+            self.wait_requeued(job_id)
 
     def update_job(
         self,

@@ -181,8 +181,8 @@ class PyslurmWorker(SlurmBackend):
     def release(self, job_id: int) -> None:
         self._call("release", job_id)
 
-    def requeue_hold(self, job_id: int) -> None:
-        self._call("requeue_hold", job_id)
+    def requeue_hold(self, job_id: int, *, wait: bool = True) -> None:
+        self._call("requeue_hold", job_id, wait=wait)
 
     def update_job(self, job_id: int, **changes) -> None:
         self._call("update_job", job_id, **changes)

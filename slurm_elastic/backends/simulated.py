@@ -530,7 +530,9 @@ class SimulatedSlurm(SlurmBackend):
         self._dirty = True
         self._schedule()
 
-    def requeue_hold(self, job_id: int) -> None:
+    requeue_settles_at_once = True
+
+    def requeue_hold(self, job_id: int, *, wait: bool = True) -> None:  # done at once: nothing to wait for
         j = self._get(job_id)
         if j.state != RUNNING:
             raise SlurmError(f"job {job_id} is not running")

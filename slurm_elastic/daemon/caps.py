@@ -29,11 +29,18 @@ class CappedPolicy(Policy):
     def __post_init__(self):
         self.name = getattr(self.inner, "name", "")
         self.excluded: dict = {}
+        # job id -> most GPUs it may get, refreshed every cycle: a job found running at a size the daemon
+        # did not decide is limited to the decided size (daemon/oversight.py), so it is never grown past
+        # it and is shrunk like a job over its cap.
+        self.limit: dict = {}
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         self.excluded = {}
         jobs = []
         for j in problem.jobs:
+            lim = self.limit.get(j.job_id)
+            if lim is not None and j.spec.max_gpus > lim:
+                j = replace(j, spec=replace(j.spec, max_gpus=max(lim, j.spec.min_gpus)))
             cap = self.max_gpus_per_job
             if cap and j.spec.max_gpus > cap:
                 if j.spec.min_gpus > cap and not j.is_running:

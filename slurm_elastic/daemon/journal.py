@@ -34,6 +34,12 @@ class DBJournal:
         elif step == "hold":
             self.db.mark_held(action.job_id, job.restart_count if job else 1 << 30)
         elif step == "release":
+            # The restart count the job runs at once released: a job later found pending or running at a
+            # higher one went around the daemon (an owner's requeue, Slurm's own; daemon/oversight.py).
+            mark = self.db.held_marks().get(int(action.job_id))
+            at = mark if mark is not None else (job.restart_count if job else None)
+            if at is not None:
+                self.db.mark_placed(action.job_id, at)
             self.db.unmark_held(action.job_id)
         event(logging.INFO, "action step", job=action.job_id, action=action.kind, step=step)
 
@@ -54,6 +60,8 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
     for intent in db.open_intents():
         jid = intent["job_id"]
         if jid in enactor.in_flight:
+            if enactor.in_flight[jid].requeued_at is not None:
+                continue  # requeue sent, Slurm still finishing it: the enactor's poll places the job
             try:
                 job = backend.get_job(jid)
             except SlurmError:
@@ -91,6 +99,11 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
                 db.close_intent(jid)
                 journal.daemon.record_result(action, "done", "finished after a daemon restart")
                 done.append(f"job {jid}: {action.kind} finished after restart (placed at {action.gpus} GPUs)")
+            elif job.is_completing or not job.is_active:
+                # Cancelled (or ended) while it was being placed: nothing to place, never "completed".
+                db.close_intent(jid)
+                journal.daemon.record_result(action, "skipped", f"the job is ending ({job.state}): not placed")
+                done.append(f"job {jid}: {action.kind} dropped, the job is ending ({job.state})")
             else:
                 db.close_intent(jid)
                 journal.daemon.record_result(action, "done", "had completed before a daemon restart")
@@ -112,7 +125,10 @@ def reconcile(db: StateDB, backend: SlurmBackend, enactor: Enactor, journal: DBJ
                     db.close_intent(jid)
                     done.append(f"job {jid}: signalled resize no longer applies ({job.state}); dropped")
                 continue
-            # requeue_hold was done: the job is pending.
+            # requeue_hold was done: the job is pending, or still ending (Slurm finishes the requeue once its
+            # processes are gone, up to KillWait later): wait for that, an update before it is overwritten.
+            if job.is_completing and job.is_active:
+                continue
             if isinstance(action, pl.Resize):
                 if held_by_us:
                     enactor._place(action)

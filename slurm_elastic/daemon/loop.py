@@ -276,7 +276,7 @@ class Daemon:
             except SlurmError as e:
                 return self._skip_cycle(e)
             self.records = {j.job_id: j for j in records}
-        left_alone = self._oversee(records)
+        left_alone, records = self._oversee(records)
         now = self.clock()
         wall = time.time()
         for r in records:
@@ -328,21 +328,49 @@ class Daemon:
             log.exception("cannot vet this job", extra={"kv": {"job": job.job_id, "error": str(e)}})
             raise SpecError(f"cannot read the job's files: {e}", job_id=job.job_id, field="ckpt_dir") from None
 
-    def _oversee(self, records) -> dict[int, str]:
-        """Yield to operators (daemon/oversight.py): returns the jobs to leave alone this cycle."""
+    def _oversee(self, records) -> tuple[dict[int, str], list[JobRecord]]:
+        """Yield to operators, close the paths around the hold (daemon/oversight.py): returns the jobs to
+        leave alone this cycle, and the records to plan on (a job held here is shown held)."""
+        from dataclasses import replace as _replace
+
         from slurm_elastic.daemon.oversight import review
 
         if self.db is None:
-            return {}
+            return {}, records
         r = review(records, self.db.held_marks(), self._was_elastic,
                    open_intents={i["job_id"] for i in self.db.open_intents()},
-                   in_flight=set(self.enactor.in_flight) if self.enactor else ())
+                   in_flight=set(self.enactor.in_flight) if self.enactor else (),
+                   placed=self.db.placed_marks())
         for jid, note in r.notes.items():
             if self._notes.get(jid) != note:
                 event(logging.WARNING, "job changed outside the daemon", job=jid, detail=note)
         self._notes = dict(r.notes)
+        self.policy.limit = dict(r.limit)
         if self.dry_run:
-            return r.left_alone
+            return r.left_alone, records
+        for jid, at in r.accept.items():
+            self.db.mark_placed(jid, at)
+        for jid in r.forget_placed:
+            self.db.unmark_placed(jid)
+        held_now = set()
+        by_id = {j.job_id: j for j in records}
+        for jid, why in r.hold.items():
+            job = by_id[jid]
+            try:
+                self.db.mark_held(jid, job.restart_count)  # before the step: the hold is the daemon's
+                self.backend.hold(jid)
+                held_now.add(jid)
+                self.metrics.inc("slurm_elastic_actions_total", kind="hold", outcome="done")
+                self.db.log_decision(self.cycle_no, jid, "hold", "done", reason="went around the hold", message=why)
+                event(logging.WARNING, "held a job that went around the daemon", job=jid, reason=why)
+            except SlurmError as e:
+                self.db.unmark_held(jid)
+                self.metrics.inc("slurm_elastic_errors_total", kind="action")
+                event(logging.ERROR, "cannot hold a job that went around the daemon; will retry", job=jid,
+                      error=str(e))
+        if held_now:
+            records = [_replace(j, held=True, priority=0) if j.job_id in held_now else j for j in records]
+            self.records = {j.job_id: j for j in records}
         # A job the crash policy requeued this cycle was FAILED in this cycle's read (so not among the
         # active records): its fresh hold mark is the daemon's own and must survive until the next read.
         for jid in r.forget - self._crash_requeued:
@@ -356,7 +384,7 @@ class Daemon:
                 self.metrics.inc("slurm_elastic_errors_total", kind="action")
                 event(logging.ERROR, "cannot release a job that is no longer elastic; will retry", job=jid,
                       error=str(e))
-        return r.left_alone
+        return r.left_alone, records
 
     def _read_jobs(self) -> tuple[list[JobRecord], list[JobRecord] | None]:
         """The cycle's ONE read of the queue: (active jobs, every listed job incl. finished ones for the
@@ -562,8 +590,8 @@ class _Snapshotted(SlurmBackend):
     def release(self, job_id):
         return self.inner.release(job_id)
 
-    def requeue_hold(self, job_id):
-        return self.inner.requeue_hold(job_id)
+    def requeue_hold(self, job_id, **kw):
+        return self.inner.requeue_hold(job_id, **kw)
 
     def update_job(self, job_id, **kw):
         return self.inner.update_job(job_id, **kw)

@@ -17,6 +17,19 @@ it is planned again from what Slurm shows (never held again for that). A job who
 started being elastic after submit (an admin's edit; the plugin refuses users) is named in the log; a
 job the daemon itself holds that stopped being elastic is released to run as a plain job, so that it is
 never held forever by a daemon that no longer manages it.
+
+No path around the hold (issue 24 item 4). The daemon records the restart count at which it last let
+each job go (its release: ``placed``). An elastic job found **pending without any hold** that ran
+before (its restart count is past ``placed``; or, with no such record, it has a restart count or a
+decision of the daemon's) went back to the queue around the daemon: an owner's ``scontrol requeue``
+of her running or finished job, Slurm's own requeue after a node failure, an admin's release of his
+own requeuehold, a restore. It is **held** (the daemon's hold, marked) in the same cycle and planned
+like any held job, under the caps. The plugin's submit hold released by an operator (restart count
+0, no decision) and a daemon hold released by an operator (a hold mark) stay not fought. A job found
+**running at a size the daemon did not decide** (its AdminComment decision says another GPU count,
+or it restarted past ``placed``: Slurm started it before the daemon saw it pending) is managed with
+its ``max_gpus`` limited to the decided count (never grown past it by its own doing), so it is shrunk
+under the per-job and per-user caps like a job over its cap.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from slurm_elastic.backends.base import JobRecord
-from slurm_elastic.spec import DECISION_PREFIX, is_elastic_comment
+from slurm_elastic.spec import DECISION_PREFIX, SpecError, is_elastic_comment, parse_decision
 
 SUBMIT_HOLD_REASON = "JobHeldUser"
 
@@ -36,6 +49,26 @@ class Review:
     release: dict[int, str] = field(default_factory=dict)  # daemon-held jobs no longer elastic -> why
     forget: set[int] = field(default_factory=set)  # hold marks to drop
     notes: dict[int, str] = field(default_factory=dict)  # job -> what changed (for the log)
+    hold: dict[int, str] = field(default_factory=dict)  # pending jobs that went around the hold -> why
+    limit: dict[int, int] = field(default_factory=dict)  # running at a size not decided -> its max GPUs
+    accept: dict[int, int] = field(default_factory=dict)  # placed marks to set (an operator's release)
+    forget_placed: set[int] = field(default_factory=set)  # placed marks of jobs Slurm no longer lists
+
+
+def _decided_gpus(r: JobRecord) -> int | None:
+    try:
+        d = parse_decision(r.admin_comment, r.job_id)
+    except SpecError:
+        return None
+    return d.gpus if d is not None else None
+
+
+def went_around(r: JobRecord, placed: Mapping[int, int]) -> bool:
+    """Did this job (pending without a hold, or running) get back to the queue around the daemon?"""
+    at = placed.get(r.job_id)
+    if at is not None:
+        return r.restart_count > at
+    return r.restart_count > 0 or _decided_gpus(r) is not None
 
 
 def held_by_daemon(r: JobRecord, marks: Mapping[int, int], open_intents: Iterable[int] = ()) -> bool:
@@ -51,10 +84,14 @@ def held_by_daemon(r: JobRecord, marks: Mapping[int, int], open_intents: Iterabl
 
 
 def review(records: Iterable[JobRecord], marks: Mapping[int, int], was_elastic: Iterable[int],
-           open_intents: Iterable[int] = (), in_flight: Iterable[int] = ()) -> Review:
+           open_intents: Iterable[int] = (), in_flight: Iterable[int] = (),
+           placed: Mapping[int, int] | None = None) -> Review:
     """Classify this cycle's jobs. ``marks``: job -> restart count after the daemon's own hold;
-    ``was_elastic``: jobs the daemon saw as elastic last cycle (empty on a first start)."""
+    ``was_elastic``: jobs the daemon saw as elastic last cycle (empty on a first start); ``placed``:
+    job -> restart count at the daemon's last release of it (None: not checked, the old behaviour)."""
     out = Review()
+    check = placed is not None
+    placed = placed or {}
     intents, flying, before = set(open_intents), set(in_flight), set(was_elastic)
     seen = set()
     for r in records:
@@ -73,8 +110,18 @@ def review(records: Iterable[JobRecord], marks: Mapping[int, int], was_elastic: 
                 out.notes[jid] = "held by an operator: the daemon leaves it alone"
             elif jid in marks and not r.held:
                 out.forget.add(jid)
+                out.accept[jid] = r.restart_count  # an operator's release is not fought
                 out.notes[jid] = (f"released by someone else while the daemon held it; planned again from its "
                                   f"current state ({r.state})")
+            elif check and r.is_pending and not r.held and not r.is_completing and went_around(r, placed):
+                out.hold[jid] = (f"pending without the daemon's hold at restart {r.restart_count} (requeued or "
+                                 f"released outside the daemon); held to be placed under the caps")
+                out.notes[jid] = f"went around the daemon's hold (pending, restart {r.restart_count}); held again"
+            elif check and r.is_running and (decided := _decided_gpus(r)) is not None and (
+                    decided != r.gpus_total or went_around(r, placed) and jid in placed):
+                out.limit[jid] = decided
+                out.notes[jid] = (f"running at {r.gpus_total} GPUs, restart {r.restart_count}, which the daemon "
+                                  f"did not decide ({decided} GPUs); managed with at most {decided}")
             elif r.is_running and not r.admin_comment.startswith(DECISION_PREFIX) and jid in before:
                 out.notes[jid] = ("released by someone else before the daemon placed it (running without a "
                                   "decision); planned again from its current size")
@@ -88,4 +135,5 @@ def review(records: Iterable[JobRecord], marks: Mapping[int, int], was_elastic: 
             if jid in marks and (not r.held or jid in out.release):
                 out.forget.add(jid)
     out.forget |= {j for j in marks if j not in seen}
+    out.forget_placed = {j for j in placed if j not in seen}
     return out

@@ -83,6 +83,11 @@ CREATE TABLE IF NOT EXISTS holds (
     restart_count INTEGER NOT NULL,
     ts REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS placed (
+    job_id INTEGER PRIMARY KEY,
+    restart_count INTEGER NOT NULL,
+    ts REAL NOT NULL
+);
 """
 
 
@@ -204,6 +209,18 @@ class StateDB:
 
     def held_marks(self) -> dict[int, int]:
         return {r[0]: r[1] for r in self.conn.execute("SELECT job_id, restart_count FROM holds").fetchall()}
+
+    # ----- the restart count at which the daemon last let each job go (oversight: a path around the hold)
+    def mark_placed(self, job_id: int, restart_count: int) -> None:
+        self.conn.execute("INSERT INTO placed(job_id, restart_count, ts) VALUES (?, ?, ?) ON CONFLICT(job_id) "
+                          "DO UPDATE SET restart_count=excluded.restart_count, ts=excluded.ts",
+                          (int(job_id), int(restart_count), time.time()))
+
+    def unmark_placed(self, job_id: int) -> None:
+        self.conn.execute("DELETE FROM placed WHERE job_id = ?", (int(job_id),))
+
+    def placed_marks(self) -> dict[int, int]:
+        return {r[0]: r[1] for r in self.conn.execute("SELECT job_id, restart_count FROM placed").fetchall()}
 
     # ----- decision log ------------------------------------------------------------------------
     def log_decision(self, cycle: int, job_id: int, action: str, status: str, *, gpus_from=None, gpus_to=None,

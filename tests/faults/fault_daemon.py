@@ -51,8 +51,8 @@ class FaultBackend(CliBackend):
         super().signal(job_id, signal, batch_only=batch_only)
         self.fault.after("signal", job_id)
 
-    def requeue_hold(self, job_id):
-        super().requeue_hold(job_id)
+    def requeue_hold(self, job_id, **kw):
+        super().requeue_hold(job_id, **kw)
         self.fault.after("requeue_hold", job_id)
 
     def update_job(self, job_id, **kw):

@@ -113,6 +113,7 @@ def test_hostile_specs_through_the_daemon_are_reported_never_acted_on(slurm_clus
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_hostile_specs_through_sbatch_and_the_plugin_are_refused_at_submit(lua_cluster, tmp_path, reliability):
     canary = tmp_path / "pwned"
     cases = hostile(canary)

@@ -65,6 +65,7 @@ def running(c, ids, timeout=60):
                     f"jobs {ids} to run")
 
 
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_comment_edits_after_submit(lua_cluster, users, tmp_path, reliability, caplog):
     reliability("one definition of elastic", "Comment edits after submit by unprivileged users and an admin",
                 "users: \\x1f/NBSP/space before elastic:, removing elastic:, release, adding elastic: to a plain "
@@ -136,6 +137,7 @@ def test_comment_edits_after_submit(lua_cluster, users, tmp_path, reliability, c
         reliability.figure(f"user sees ({k})", v[:90])
 
 
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_operator_hold_and_manual_release(lua_cluster, users, tmp_path, reliability):
     reliability("operators win", "an admin's requeuehold of a running elastic job; admin releases",
                 "admin `scontrol requeuehold` of a placed job, 3 cycles; admin `scontrol release` of it; admin "
@@ -185,6 +187,7 @@ def test_operator_hold_and_manual_release(lua_cluster, users, tmp_path, reliabil
     reliability.jobs(lost=0, left_held=left_held)
 
 
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_second_daemon_and_unknown_partition(lua_cluster, users, tmp_path, reliability):
     reliability("operators win", "a second daemon (own state dir) on the same cluster; an unknown partition",
                 "daemon A holds the cluster; `slurm-elastic daemon --once` with another state dir; then a "
@@ -231,6 +234,7 @@ def test_second_daemon_and_unknown_partition(lua_cluster, users, tmp_path, relia
     reliability.jobs(lost=0, left_held=left_held)
 
 
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_non_requeueable_job_is_never_signalled(lua_cluster, users, tmp_path, reliability):
     reliability("never stop what cannot restart", "an elastic job Slurm will not requeue (Requeue=0 set by an admin)",
                 "job X runs at 8 GPUs; an admin sets Requeue=0; a second user's job arrives (the policy would "

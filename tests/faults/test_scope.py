@@ -36,6 +36,7 @@ def run_as(cluster, user, *argv):
                           timeout=30, check=False)
 
 
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_scope_caps_and_forgery(lua_cluster, users, tmp_path, reliability):
     reliability("scope and privilege", "2 unprivileged users (useradd) submit their own jobs; forgery attempts",
                 "specs asking 8 GPUs; a job in an unmanaged partition; users write AdminComment (own and other "

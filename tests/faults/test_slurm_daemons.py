@@ -110,6 +110,7 @@ def test_slurmctld_stopped_and_restarted_while_the_daemon_runs(slurm_cluster, tm
     reliability.figure("retry delays s", "/".join(f"{x:g}" for x in delays[:4]))
 
 
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_slurmd_of_a_node_with_an_elastic_job_killed(lua_cluster, tmp_path, reliability):
     reliability("Slurm daemons", "slurmd of the node running an elastic job SIGKILLed (SlurmdTimeout 10 s)",
                 "the node goes down under the job; slurmd restarted afterwards",

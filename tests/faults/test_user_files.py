@@ -81,6 +81,7 @@ def plant(case: str, d: Path, pw, rootonly: Path) -> None:
     own(p, pw, link=case.startswith("symlink"))
 
 
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only (issue 24)
 def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliability, request):
     c = lua_cluster
     u1, u2 = users[USERS[0]], users[USERS[1]]

@@ -22,9 +22,6 @@ the daemon, not on training.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -33,6 +30,7 @@ import pytest
 from slurm_elastic.daemon.config import load_config
 from slurm_elastic.daemon.loop import Daemon
 from slurm_elastic.demo import write_daemon_config
+from tests.chroot_paths import same_path_on_host
 
 pytestmark = [pytest.mark.slurm]
 
@@ -68,33 +66,6 @@ def _submit(c, work: Path, name: str, sbatch_args: list[str], spec: str) -> int:
                      f"--comment={spec}", *sbatch_args, str(script)], cwd=d)
 
 
-@contextlib.contextmanager
-def _same_path_on_host(c, path: Path):
-    """For a chroot cluster: ``path`` (inside the root) bind-mounted on the host at the path Slurm reports
-    for it, so that the daemon, which runs on the host, reads each job's files where Slurm says they are
-    (as on a real site, where the daemon and Slurm see one file system). Undone afterwards; only the
-    directories made here are removed."""
-    if c.chroot is None:
-        yield
-        return
-    target = Path(c.inside(path))
-    made = [p for p in (*reversed(target.parents), target) if not p.exists()]
-    for p in made:
-        p.mkdir()
-    mounted = False
-    try:
-        for argv in (["mount", "--bind", str(path), str(target)], ["mount", "--make-private", str(target)]):
-            subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
-            mounted = True
-        yield
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(target)], capture_output=True, timeout=60, check=False)
-        for p in reversed(made):
-            with contextlib.suppress(OSError):
-                os.rmdir(p)
-
-
 def _scontrol(c, *args: str) -> None:
     r = c.run_tool("scontrol", *args)
     assert r.returncode == 0, (args, r.stderr)
@@ -103,7 +74,7 @@ def _scontrol(c, *args: str) -> None:
 def test_daemon_places_in_pools_never_on_a_drained_node_and_lets_a_rigid_job_start(pools_cluster, tmp_path):
     c = pools_cluster
     work = c.job_dir("pools-daemon")
-    with _same_path_on_host(c, work):
+    with same_path_on_host(c, work):
         _run(c, work)
 
 

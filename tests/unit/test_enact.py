@@ -259,3 +259,94 @@ def test_a_jobs_age_counts_from_its_first_submission_not_slurms_requeue_reset(tm
     db.save_books(books)
     db.close()
     assert StateDB(old).load_books()[7].submitted_s == 400.0
+
+
+# ----- a job that will not die does not stall the cycle (issue 24 item 7) ---------------------------------
+class SlowRequeue(Recorder):
+    """requeue_hold returns at once (wait=False); Slurm shows the job COMPLETING until ``ends[job]`` polls
+    of get_job have passed (a job that ignores TERM: KillWait)."""
+
+    def __init__(self, ends):
+        super().__init__()
+        self.ends = dict(ends)
+        self.requeued = set()
+
+    def requeue_hold(self, job_id, *, wait=True):
+        assert not wait, "the enactor must not wait inside the cycle"
+        self._call("requeue_hold", job_id)
+        self.requeued.add(job_id)
+
+    def get_job(self, job_id, include_finished=False):
+        from slurm_elastic.backends.base import JobRecord
+
+        if job_id in self.requeued and self.ends.get(job_id, 0) > 0:
+            self.ends[job_id] -= 1
+            return JobRecord(job_id, "j", "u", "gpu", "PENDING", state_flags=("COMPLETING",), held=True)
+        state = "PENDING" if job_id in self.requeued else "RUNNING"
+        return JobRecord(job_id, "j", "u", "gpu", state, held=job_id in self.requeued)
+
+
+def test_a_job_slow_to_end_delays_only_itself(monkeypatch):
+    import slurm_elastic.enact as enact
+
+    wall = [1000.0]
+    monkeypatch.setattr(enact.time, "time", lambda: wall[0])
+    b = SlowRequeue({7: 50})  # job 7 ignores TERM: COMPLETING for 50 looks
+    now = [0.0]
+    e = Enactor(b, clock=lambda: now[0], requeue_timeout_s=300)
+    e.apply([pl.Resize(7, 4, 2, 1, 2, D), pl.Resize(8, 4, 2, 1, 2, D)])
+    b.acked |= {7, 8}
+    assert e.poll() == []  # both requeues sent; Slurm's credential second not over yet
+    assert [c[0] for c in b.calls].count("requeue_hold") == 2 and set(e.in_flight) == {7, 8}
+    wall[0] += 2
+    now[0] = 2.0
+    res = e.poll()  # job 8 is pending: placed; job 7 still ending: left for a later poll, no wait
+    assert [(r.action.job_id, r.status) for r in res] == [(8, "done")]
+    assert set(e.in_flight) == {7} and e.in_flight_targets() == {7: 2}
+    assert [c[:2] for c in b.calls if c[0] in ("update_job", "release")] == [("update_job", 8), ("release", 8)]
+    # Starts in the same cycle go ahead while 7 ends.
+    res = e.apply([pl.Start(9, 2, 1, 2, D)])
+    assert ("release", 9) in b.calls and [r.status for r in res if r.action.job_id == 9] == ["done"]
+    for t in range(3, 60):
+        wall[0] += 1
+        now[0] = float(t)
+        res = e.poll()
+        if res:
+            break
+    assert [(r.action.job_id, r.status) for r in res] == [(7, "done")] and not e.in_flight
+    assert b.calls[-1] == ("release", 7)
+
+
+def test_a_requeue_that_never_finishes_times_out_without_blocking(monkeypatch):
+    import slurm_elastic.enact as enact
+
+    monkeypatch.setattr(enact.time, "time", lambda: 5000.0)
+    b = SlowRequeue({7: 10**6})
+    now = [0.0]
+    e = Enactor(b, clock=lambda: now[0], requeue_timeout_s=60)
+    e.apply([pl.Resize(7, 4, 2, 1, 2, D)])
+    b.acked.add(7)
+    e.poll()
+    now[0] = 61.0
+    res = e.poll()
+    assert [r.status for r in res] == ["error"] and "after requeuehold" in res[0].message and not e.in_flight
+    assert not any(c[0] == "release" for c in b.calls)
+
+
+def test_a_cancelled_job_still_completing_is_never_planned():
+    from slurm_elastic.backends.base import JobRecord, NodeRecord
+    from slurm_elastic.problem import build_problem
+
+    spec = "elastic:min_gpus=1,max_gpus=4,min_batch=32,max_batch=512,max_local_batch=32,batch=64"
+    nodes = [NodeRecord("n1", "MIXED", gpus_total=4, gpus_used=2, partitions=("gpu",))]
+    cancelled = JobRecord(1, "j", "u", "gpu", "COMPLETING", comment=spec, gpus_per_node=2, gpus_total=2,
+                          node_count=1, nodes=("n1",))
+    cancelled_24 = JobRecord(2, "j", "u", "gpu", "PENDING", state_flags=("COMPLETING",), comment=spec)
+    waiting = JobRecord(3, "j", "u", "gpu", "PENDING", comment=spec, held=True)
+    from slurm_elastic.profiles import load_profile
+
+    snap = build_problem([cancelled, cancelled_24, waiting], nodes, model_for=lambda r, s: load_profile("cifar10"),
+                         now=0.0)
+    assert [j.job_id for j in snap.problem.jobs] == [3]
+    assert "ending" in snap.unmanaged[1] and "ending" in snap.unmanaged[2]
+    assert snap.capacity == 2  # the GPUs the cancelled job still holds are not offered

@@ -200,3 +200,87 @@ def test_a_second_daemon_with_its_own_state_dir_is_told_by_the_lease_in_slurm(tm
     assert again.check(slurm.list_jobs()) is None and again.job_id == remote.job_id
     again.release()
     assert again.job_id is None and remote.job_id not in slurm.jobs
+
+
+# ----- no path around the hold (issue 24 item 4) ------------------------------------------------------
+DECIDED = "elastic-decision:gpus=2,nodes=1,batch=256,local_batch=128,accum=1,seq=1"
+
+
+def test_a_job_pending_without_a_hold_that_ran_before_is_held_again():
+    owner_requeue = _rec(1, restart_count=1, admin_comment=DECIDED)  # placed at restart 0, requeued by its owner
+    finished_requeue = _rec(2, restart_count=1, admin_comment=DECIDED)  # finished, forgotten, requeued
+    slurms_requeue = _rec(3, restart_count=2, admin_comment=DECIDED)  # node failure after a resize (placed at 1)
+    starting = _rec(4, restart_count=1, admin_comment=DECIDED)  # the daemon released it at 1: Slurm starts it
+    submit_released = _rec(5)  # an operator released the plugin's submit hold: not fought
+    ending = _rec(6, restart_count=1, admin_comment=DECIDED, state_flags=("COMPLETING",))
+    ops_release = _rec(7, restart_count=1, admin_comment=DECIDED)  # an operator released the daemon's hold
+    placed = {1: 0, 3: 1, 4: 1, 7: 0}
+    recs = [owner_requeue, finished_requeue, slurms_requeue, starting, submit_released, ending, ops_release]
+    r = review(recs, {7: 1}, was_elastic={1, 3, 4, 5, 6, 7}, placed=placed)
+    assert set(r.hold) == {1, 2, 3}, r.hold
+    assert "became elastic" not in r.notes.get(2, "") and "went around" in r.notes[2]
+    assert 7 in r.forget and r.accept == {7: 1}  # accepted at its count: not held next cycle
+    assert review([ops_release], {}, was_elastic={7}, placed={**placed, **r.accept}).hold == {}
+    assert r.forget_placed == set()
+    assert review([], {}, was_elastic=set(), placed=placed).forget_placed == set(placed)
+    # Without the placed marks (an old caller) nothing is held: the old behaviour.
+    assert review(recs, {7: 1}, was_elastic={1, 3, 4, 5, 6, 7}).hold == {}
+    # Operators win still: held without a mark of the daemon's is left alone, never held "again".
+    admin = _rec(8, held=True, state_reason="JobHeldUser", restart_count=1, admin_comment=DECIDED)
+    r = review([admin], {}, was_elastic={8}, placed={8: 0})
+    assert 8 in r.left_alone and not r.hold
+
+
+def test_a_job_running_at_a_size_the_daemon_did_not_decide_is_limited_to_the_decided_size():
+    grown = _rec(1, state="RUNNING", gpus_total=4, gpus_per_node=4, admin_comment=DECIDED)
+    restarted = _rec(2, state="RUNNING", gpus_total=2, restart_count=2, admin_comment=DECIDED)  # Slurm started it
+    placed_ok = _rec(3, state="RUNNING", gpus_total=2, restart_count=1, admin_comment=DECIDED)
+    no_decision = _rec(4, state="RUNNING", gpus_total=1)
+    r = review([grown, restarted, placed_ok, no_decision], {}, was_elastic={1, 2, 3, 4}, placed={2: 1, 3: 1})
+    assert r.limit == {1: 2, 2: 2} and not r.hold
+    assert "did not decide" in r.notes[1]
+
+
+def test_the_capped_policy_shrinks_a_job_over_its_decided_size():
+    from slurm_elastic.daemon.caps import CappedPolicy
+    from slurm_elastic.policies import get_policy
+    from slurm_elastic.policies.base import AllocationProblem, JobRequest
+    from slurm_elastic.spec import parse_spec
+
+    spec = parse_spec(SPEC, 1)
+    model = load_profile("cifar10")
+    running = JobRequest(job_id=1, spec=spec, model=model, running_gpus=4, running_batch=256, restart_s=5.0)
+    pol = CappedPolicy(get_policy("dp"))
+    problem = AllocationProblem(total_gpus=8, node_size=4, jobs=(running,), horizon_s=3600)
+    assert pol.allocate(problem).jobs[1].gpus >= 4
+    pol.limit = {1: 2}
+    assert pol.allocate(problem).jobs[1].gpus <= 2
+
+
+def test_an_owners_requeue_is_held_in_the_same_cycle_and_placed_under_the_user_cap(tmp_path):
+    sim = SimulatedSlurm(nodes=2, gpus_per_node=4, checkpoint_s=5, restart_s=10)
+    model = load_profile("cifar10")
+    spec4 = SPEC.replace("max_gpus=8", "max_gpus=4")
+    a = sim.submit(name="A", gpus_per_node=1, comment=spec4, total_samples=1e9, model=model, user="ann")
+    cfg = config_from_dict({"state_dir": str(tmp_path), "metrics_address": "", "cooldown_s": 0,
+                            "restart_cost_s": 5, "ack_timeout_s": 600, "max_gpus_per_user": 4})
+    d = Daemon(cfg, backend=sim, ack=sim, clock=lambda: sim.now)
+    d.open()
+    _run(sim, d, 60)
+    assert sim.get_job(a).is_running and d.db.placed_marks().get(a) is not None
+    # The owner's `scontrol requeue`: back to the queue without a hold (simulated: requeuehold + release,
+    # which the simulator starts at once, so the daemon first finds it pending only if Slurm waits).
+    sim.requeue_hold(a)
+    job = sim.get_job(a)
+    sim._get(a).held = False  # pending, not held, restart count up: what `scontrol requeue` leaves
+    sim._changed(sim._get(a))
+    assert job.restart_count == 1
+    b = sim.submit(name="B", gpus_per_node=1, comment=spec4, total_samples=1e9, model=model, user="ann")
+    d.cycle()
+    rows = [x for x in d.db.decisions() if x["job_id"] == a and x["action"] == "hold"]
+    assert rows and rows[0]["reason"] == "went around the hold"
+    _run(sim, d, 400)
+    ann = sum(sim.get_job(j).gpus_total for j in (a, b) if sim.get_job(j).is_running)
+    assert ann <= 4, ann
+    assert sim.get_job(a).is_running and not sim.get_job(a).held
+    d.close()
