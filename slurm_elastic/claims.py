@@ -9,8 +9,12 @@ are class constants; docs/ALGORITHM.md, "Claims and the trust rule"):
 Work left
   * counts only after the job has run ``PROBATION_S`` (x ``1 + strikes`` of its user) under Slurm's eyes
     and has a verified throughput (points checked against the GPU counts and times Slurm showed): a job
-    that never ran has no standing to claim, so it cannot jump the queue;
-  * the first total is kept, samples seen only go up;
+    that never ran has no standing to claim, so it cannot jump the queue; except for a user whose
+    earlier jobs ended with their claims borne out (``BORNE_OUT`` of their total trained under Slurm's
+    eyes, the claim never false) and who has no strike: her waiting jobs' claims order the queue;
+  * the first total is kept, samples seen only go up, and only what the job trained since its first
+    report counts as done (a job that starts by claiming 99% done is planned as one with all to do: a
+    resubmitted job's earlier progress is not provable from here);
   * **over-claim**: seen may not grow by more than ``OVERCLAIM`` x its fastest verified samples/s x the
     seconds Slurm showed it running since the last report (+ ``SLACK_S`` of it): a jump to just below
     the total is caught in the cycle that reads it;
@@ -64,6 +68,7 @@ class _Job:
     user: str = ""
     total: float | None = None
     seen: float | None = None
+    seen0: float | None = None  # seen at its first report: progress counts from there
     seen_run_s: float = 0.0  # running seconds at the last increase of seen
     deadline_s: float | None = None  # running seconds by which the claim says it is done
     deadline_gpus: int = 0
@@ -81,10 +86,12 @@ class ClaimBook:
     OVERRUN = 2.0
     GRACE_S = 300.0
     MAX_STRIKES = 8
+    BORNE_OUT = 0.9
     NOISE_CLIP = 10.0  # x max_batch: past it, efficiency over the job's range moves by under 10%
 
     jobs: dict = field(default_factory=dict)  # job id -> _Job
     strikes: dict = field(default_factory=dict)  # user -> false claims of its jobs
+    credits: dict = field(default_factory=dict)  # user -> jobs that ended with their claim borne out
 
     def update(self, job_id: int, user: str, ev: Evidence, *, seen=None, total=None, noise_scale=None,
                max_batch: int) -> Trusted:
@@ -98,6 +105,12 @@ class ClaimBook:
 
     def probation_s(self, user: str) -> float:
         return self.PROBATION_S * (1 + min(self.strikes.get(user or "", 0), self.MAX_STRIKES))
+
+    def trusted_user(self, user: str) -> bool:
+        """A user whose jobs' claims were borne out (at least one ended near its claimed total) and never
+        proved false: her jobs' claims count before they have run (their place in the queue)."""
+        u = user or ""
+        return self.credits.get(u, 0) > 0 and self.strikes.get(u, 0) == 0
 
     def _discredit(self, c: _Job, why: str) -> None:
         if not c.false:
@@ -118,10 +131,14 @@ class ClaimBook:
                                        f"more than {most:.3g} its verified throughput allows")
                     return None, f"progress claim not used: {c.false}"
             c.seen, c.seen_run_s = seen, ev.running_s
+            if c.seen0 is None:
+                c.seen0 = seen
         if c.seen is None:
             return None, ""
-        left = c.total - c.seen
+        left = c.total - (c.seen - (c.seen0 or 0.0))  # only what it was seen to train counts as done
         done = f"{100 * min(c.seen, c.total) / c.total:.0f}% of {c.total:.3g} samples done"
+        if ev.gpus <= 0 and self.trusted_user(c.user) and left > 0:
+            return left, f"{done} (trusted: the user's claims were borne out)"
         if ev.running_s < self.probation_s(c.user) or not ev.rate:
             return None, f"{done}; not used until verified ({ev.running_s:.0f} s run, throughput " \
                          f"{'verified' if ev.rate else 'not verified'})"
@@ -146,11 +163,17 @@ class ClaimBook:
         return c.noise
 
     def forget(self, live) -> None:
-        """Drop the jobs no longer in Slurm (users keep their strikes)."""
-        self.jobs = {j: v for j, v in self.jobs.items() if j in live}
+        """Drop the jobs no longer in Slurm (users keep their strikes). A job that leaves with its claim
+        in good standing, verified once, and ``BORNE_OUT`` of its total trained since its first report
+        earns its user a credit."""
+        for j in [j for j in self.jobs if j not in live]:
+            c = self.jobs.pop(j)
+            trained = (c.seen or 0.0) - (c.seen0 or 0.0)
+            if not c.false and c.total and trained >= self.BORNE_OUT * c.total and c.deadline_s is not None:
+                self.credits[c.user] = self.credits.get(c.user, 0) + 1
 
     def to_json(self) -> dict:
-        return {"strikes": dict(self.strikes),
+        return {"strikes": dict(self.strikes), "credits": dict(self.credits),
                 "jobs": {str(j): vars(c) for j, c in self.jobs.items()}}
 
     @classmethod
@@ -159,9 +182,10 @@ class ClaimBook:
         book = cls()
         if not isinstance(data, dict):
             return book
-        for u, n in (data.get("strikes") or {}).items():
-            if isinstance(u, str) and isinstance(n, int) and 0 < n < 1 << 20:
-                book.strikes[u] = n
+        for key in ("strikes", "credits"):
+            for u, n in (data.get(key) or {}).items():
+                if isinstance(u, str) and isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 20:
+                    getattr(book, key)[u] = n
         names = set(_Job.__dataclass_fields__)
         for j, c in (data.get("jobs") or {}).items():
             try:

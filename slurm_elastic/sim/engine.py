@@ -193,6 +193,8 @@ class Simulation:
         def on_complete(j: SimJob) -> None:
             nonlocal done_count
             done_count += 1
+            if j.job_id in claims.jobs:  # it ended: its claim, borne out, credits its user
+                claims.forget(set(claims.jobs) - {j.job_id})
             if progress is not None:
                 progress(1)
 

@@ -20,6 +20,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutTimeout
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:admission=priority", "dp, priority admission (every pending job whose minimum fits starts)"),
             ("dp:round_trip=1", "dp, round trip (a grow also pays the restart back to its minimum)"),
             ("dp:trusting", "dp with every report trusted as it comes (no trust rule: slurm_elastic.claims)"),
+            ("dp:ownusers", "dp, every job its own user (no history: a waiting job's claim never counts)"),
             ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
              "dp, rescale stability off (restart over min(horizon, remaining))"))
 
@@ -56,7 +58,7 @@ def _policy(spec: str):
     name, _, opts = spec.partition(":")
     kw = {}
     for o in filter(None, opts.split(",")):
-        if o in ("noprogress", "trusting"):
+        if o in ("noprogress", "trusting", "ownusers"):
             continue
         k, v = o.split("=")
         kw[k] = v
@@ -92,6 +94,8 @@ def _alone_s(w, cfg: SimConfig) -> float:
 def one_run(task) -> tuple:
     kind, spec, folder, n, pollux = task
     jobs = read_pollux(Path(pollux) / folder / f"workload-{n}.csv")
+    if "ownusers" in spec:  # Pollux's traces name no users (all one): the trust rule's worst case instead
+        jobs = [replace(w, user=w.name) for w in jobs]
     cfg = goodput_config(spec) if kind == "goodput" else SimConfig()
     res = Simulation(jobs, _policy(spec), cfg).run()
     m = summarize(res)

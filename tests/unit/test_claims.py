@@ -134,3 +134,24 @@ def test_a_pending_twin_that_claims_100_samples_left_does_not_start_first(tmp_pa
     assert [r.job_id for r in snap.problem.jobs] == [1, 2]
     assert alloc[1][0] >= 1 and alloc[2][0] == 0, alloc  # the honest, earlier job starts; the claim buys nothing
     assert all(r.remaining_samples is None for r in snap.problem.jobs)
+
+
+def test_a_user_whose_claims_were_borne_out_may_order_the_queue_until_one_proves_false():
+    book = ClaimBook()
+    kw = dict(max_batch=512)
+    pending = Evidence(running_s=0.0)
+    assert book.update(1, "u", pending, seen=0, total=1e6, **kw).remaining_samples is None  # no history yet
+    ev = Evidence(running_s=100.0, gpus=2, rate=1000.0, best_rate=1000.0)
+    assert book.update(1, "u", ev, seen=1000, total=1e6, **kw).remaining_samples == 1e6 - 1000
+    book.update(1, "u", replace(ev, running_s=1100.0), seen=950_000, total=1e6, **kw)
+    book.forget(set())  # job 1 ended, 95% seen, its claim never false: a credit
+    assert book.credits == {"u": 1} and book.trusted_user("u")
+    assert book.update(2, "u", pending, seen=0, total=5e5, **kw).remaining_samples == 5e5  # waiting: counts
+    book.update(3, "v", pending, seen=0, total=10, **kw)
+    book.forget({2, 3})  # a job that leaves early, or never verified, earns nothing
+    assert book.credits == {"u": 1}
+    # one false claim and the user's waiting jobs lose that standing again
+    book.update(2, "u", ev, seen=10, total=5e5, **kw)
+    book.update(2, "u", replace(ev, running_s=101.0), seen=499_999, total=5e5, **kw)
+    assert book.strikes == {"u": 1} and not book.trusted_user("u")
+    assert book.update(4, "u", pending, seen=0, total=100, **kw).remaining_samples is None

@@ -254,14 +254,14 @@ def test_progress_ranks_by_remaining_work_once_slurm_backs_the_claim(tmp_path):
     point = [{"gpus": 4, "batch": 64, "samples_per_s": 100.0}]
     _report(tmp_path, points=point, samples_seen=1000, total_samples=100000)
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 99000
+    assert reg.progress[7].remaining_samples == 100000  # done counts from its first report (1000 seen)
     assert reg.sources[7].endswith(", 1% of 1e+05 samples done"), reg.sources[7]  # what status shows
     _report(tmp_path, points=point, samples_seen=3000, total_samples=3500)  # a smaller total, to rank first
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 97000
+    assert reg.progress[7].remaining_samples == 98000
     _report(tmp_path, points=point, samples_seen=2000, total_samples=100000)  # seen going back: kept at the most
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 97000
+    assert reg.progress[7].remaining_samples == 98000
     reg.forget(set())
     assert 7 not in reg.claims.jobs and 7 not in reg.progress
 
@@ -288,7 +288,7 @@ def test_a_forged_progress_jump_or_a_creeping_claim_is_not_used_for_the_rest_of_
     point = [{"gpus": 4, "batch": 64, "samples_per_s": 100.0}]
     _report(tmp_path, points=point, samples_seen=1000, total_samples=10**7)
     reg(rec, spec)
-    assert reg.progress[7].remaining_samples == 10**7 - 1000
+    assert reg.progress[7].remaining_samples == 10**7
     reg.evidence.observe(7, 0, 4, 1000.0, 1130.0)  # 30 s more running: at most 2 x 100/s x (30 + 60) s
     _report(tmp_path, points=point, samples_seen=10**7 - 10, total_samples=10**7)
     reg(rec, spec)
@@ -306,12 +306,12 @@ def test_a_forged_progress_jump_or_a_creeping_claim_is_not_used_for_the_rest_of_
     reg.evidence.observe(8, 0, 4, 1000.0, 1100.0)
     _report(tmp_path / "b", points=point, samples_seen=10, total_samples=2000)
     reg(rec2, spec2)
-    assert reg.progress[8].remaining_samples == 1990
-    deadline = 100.0 + reg.claims.OVERRUN * 1990 / 100.0 + reg.claims.GRACE_S
+    assert reg.progress[8].remaining_samples == 2000
+    deadline = 100.0 + reg.claims.OVERRUN * 2000 / 100.0 + reg.claims.GRACE_S
     reg.evidence.observe(8, 0, 4, 1000.0, 1000.0 + deadline - 1)
     _report(tmp_path / "b", points=point, samples_seen=20, total_samples=2000)
     reg(rec2, spec2)
-    assert reg.progress[8].remaining_samples == 1980  # not yet past its implied finish
+    assert reg.progress[8].remaining_samples == 1990  # not yet past its implied finish
     reg.evidence.observe(8, 0, 4, 1000.0, 1000.0 + deadline + 1)
     _report(tmp_path / "b", points=point, samples_seen=30, total_samples=2000)
     reg(rec2, spec2)
