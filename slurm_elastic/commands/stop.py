@@ -37,14 +37,20 @@ def resubmit_hint(comment: str, ckpt_dir: str) -> str:
               help="Seconds to wait for the job's checkpoint acknowledgement.")
 def stop(job_id, timeout_s):
     """Checkpoint JOB_ID at its next step and end it; its checkpoint is kept for a new submission."""
-    from slurm_elastic.backends.base import SlurmError
     from slurm_elastic.backends.cli import CliBackend
+
+    stop_job(CliBackend(), job_id, timeout_s)
+
+
+def stop_job(b, job_id: int, timeout_s: float) -> None:
+    """What ``stop`` does, over the CLI backend ``b`` (a local chroot cluster's in its tests); a refusal
+    raises ``click.ClickException`` with the message the command prints."""
+    from slurm_elastic.backends.base import SlurmError
     from slurm_elastic.daemon.userfiles import UserFileError, read_json
     from slurm_elastic.daemon.userwrite import create_file
     from slurm_elastic.spec import SpecError, is_elastic_comment, parse_spec
     from slurm_elastic.train.protocol import ack_path, stop_request_path
 
-    b = CliBackend()
     try:
         job = b.get_job(job_id)
         if job is None:

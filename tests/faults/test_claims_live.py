@@ -19,6 +19,7 @@ from faultlib import jobs_by_id, scancel, unix_users, wait_for
 
 from slurm_elastic.daemon.config import config_from_dict
 from slurm_elastic.daemon.loop import Daemon
+from tests.chroot_paths import chroot_users, same_path_on_host
 
 pytestmark = [pytest.mark.slurm]
 USERS = ("h24c_f", "h24c_h")
@@ -34,9 +35,12 @@ sleep 30
 """
 
 
-@pytest.fixture(scope="module")
-def users():
-    with unix_users(USERS) as found:
+@pytest.fixture
+def users(lua_cluster):
+    """The two users, known inside a chroot cluster too; the cluster's job directories visible to the
+    daemon (on the host) at the paths Slurm reports."""
+    base = lua_cluster.job_dir("h24c").parent
+    with unix_users(USERS) as found, chroot_users(lua_cluster, USERS), same_path_on_host(lua_cluster, base):
         yield found
 
 

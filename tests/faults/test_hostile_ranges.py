@@ -17,6 +17,7 @@ from faultlib import jobs_by_id, scancel, unix_users, wait_for
 from slurm_elastic.daemon.config import config_from_dict
 from slurm_elastic.daemon.loop import Daemon
 from slurm_elastic.spec import MAX_ACCUM_LIMIT, MAX_BATCH_LIMIT, MAX_GPUS_LIMIT
+from tests.chroot_paths import chroot_users
 
 pytestmark = [pytest.mark.slurm]
 USERS = ("h24_eve", "h24_ann")
@@ -26,9 +27,9 @@ ORDINARY = "elastic:min_gpus=1,max_gpus=2,min_batch=32,max_batch=1024,max_local_
 CYCLE_BOUND_S = 60.0  # a correctness guard (the old cycle never ended), not a speed figure
 
 
-@pytest.fixture(scope="module")
-def users():
-    with unix_users(USERS):
+@pytest.fixture
+def users(lua_cluster):
+    with unix_users(USERS), chroot_users(lua_cluster, USERS):
         yield USERS
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from faultlib import REPO, jobs_by_id, scancel, unix_users, wait_for
 
+from tests.chroot_paths import chroot_users, same_path_on_host
+
 pytestmark = [pytest.mark.slurm]
 USER = "h3s_u1"
 SPEC = "elastic:min_gpus=1,max_gpus=1,min_batch=64,max_batch=64,max_local_batch=64,batch=64"
@@ -41,15 +43,34 @@ exec sleep 300
 """
 
 
-@pytest.fixture(scope="module")
-def users():
-    with unix_users([USER]) as found:
+@pytest.fixture
+def users(lua_cluster):
+    """The user, known inside a chroot cluster too, whose job directories the host sees where Slurm says."""
+    base = lua_cluster.job_dir("h3s").parent
+    with unix_users([USER]) as found, chroot_users(lua_cluster, [USER]), same_path_on_host(lua_cluster, base):
         yield found
 
 
 def stop_cli(c, job: int, timeout_s: float) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(c.env, PATH=f"{c.config.bin}:{os.environ.get('PATH', '')}")
+    """The host's Slurm: the real command line. A chroot cluster's Slurm answers only its own client tools,
+    which the command cannot be pointed at: the command's own function over the cluster's backend."""
     t0 = time.monotonic()
+    if c.chroot is not None:
+        import contextlib
+        import io
+
+        import click
+
+        from slurm_elastic.commands.stop import stop_job
+
+        out, rc, err = io.StringIO(), 0, ""
+        with contextlib.redirect_stdout(out):
+            try:
+                stop_job(c.backend, job, timeout_s)
+            except click.ClickException as e:
+                rc, err = 1, f"Error: {e.format_message()}"
+        return subprocess.CompletedProcess([], rc, out.getvalue(), err), time.monotonic() - t0
+    env = dict(c.env, PATH=f"{c.config.bin}:{os.environ.get('PATH', '')}")
     r = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "stop", "--timeout", f"{timeout_s:g}", str(job)],
                        env=env, cwd=str(REPO), capture_output=True, text=True, timeout=120, check=False)
     return r, time.monotonic() - t0
