@@ -422,6 +422,8 @@ class Daemon:
         for jid, err in snap.errors.items():
             self.metrics.inc("slurm_elastic_errors_total", kind="spec")
             event(logging.WARNING, "bad elastic spec; job not managed", job=jid, error=str(err))
+        if not self.dry_run and self.db is not None:
+            self._hold_unvalidated(snap, records)
         for jid, err in snap.degraded.items():
             if self._degraded.get(jid) != str(err):
                 event(logging.WARNING, "elastic spec turned invalid; kept on its last valid spec (may shrink, "
@@ -518,6 +520,25 @@ class Daemon:
         self.db.forget_jobs({j.job_id for j in records})
         self.db.set_meta("last_cycle", {"ts": time.time(), "cycle": self.cycle_no, "seconds": elapsed,
                                         "policy": self.config.policy, "capacity": snap.capacity})
+
+    def _hold_unvalidated(self, snap, records) -> None:
+        """A waiting elastic job with a spec the daemon refuses, that no operator left alone and that the
+        daemon never validated, is held (marked as the daemon's hold, released once its spec is fixed and
+        the daemon places it): Slurm must not start what the daemon cannot manage."""
+        by_id = {j.job_id: j for j in records}
+        for jid, err in snap.errors.items():
+            job = by_id.get(jid)
+            if job is None or not job.is_pending or job.held or jid in self.state.spec_cache.last_valid:
+                continue
+            try:
+                self.db.mark_held(jid, job.restart_count)
+                self.backend.hold(jid)
+                self.db.log_decision(self.cycle_no, jid, "hold", "done", reason="bad elastic spec",
+                                     message=f"held until its spec is fixed: {err}")
+                event(logging.WARNING, "held a job whose elastic spec the daemon refuses", job=jid, error=str(err))
+            except SlurmError as e:
+                self.db.unmark_held(jid)
+                event(logging.ERROR, "cannot hold a job with a bad elastic spec; will retry", job=jid, error=str(e))
 
     # ----- the loop ------------------------------------------------------------------------------
     def install_signals(self) -> None:

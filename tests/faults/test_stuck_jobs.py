@@ -35,13 +35,14 @@ ack() {
   mv "$f.tmp" "$f"
 }
 trap ack USR2
+# its first step at this start, as the in-job library reports it (the planner resizes only a job that stepped)
+r="${SLURM_RESTART_COUNT:-0}"
+printf '{"format": 1, "starts": [{"restart_count": %s, "first_step": %s}]}\n' "$r" "$(date +%s)" > "{ckpt}/.t.tmp"
+mv "{ckpt}/.t.tmp" "{ckpt}/throughput.json"
 while true; do sleep 0.2; done
 """
 
 
-@pytest.mark.xfail(reason="not finished (issue 24 item 7 live row): on both versions S never acknowledges within 60 s "
-                          "after the per-job cap is lowered (the shrink is not signalled or the USR2 does not reach "
-                          "the srun task); the enactor's behaviour is covered by tests/unit/test_enact.py", strict=False)
 def test_a_job_that_ignores_term_delays_only_itself(lua_cluster, tmp_path, reliability):
     c = lua_cluster
     reliability("a job that will not die", f"a job acks the stop and ignores TERM ({c.label} Slurm "
@@ -113,7 +114,15 @@ def test_a_job_that_ignores_term_delays_only_itself(lua_cluster, tmp_path, relia
             wait_for(lambda: (j := c.backend.get_job(s)) and j.is_running and j.gpus_total == 4, 60, "S at 4 GPUs")
             time.sleep(3)  # srun's step up, its traps set
             d.policy.max_gpus_per_job = 2  # the daemon now shrinks S to 2
-            ack = wait_for(lambda: next(iter(ckpt.glob(f"stop-ack.{s}.*.json")), None), 60, "S to acknowledge")
+            try:
+                ack = wait_for(lambda: next(iter(ckpt.glob(f"stop-ack.{s}.*.json")), None), 60, "S to acknowledge")
+            except AssertionError as e:
+                db = StateDB(tmp_path / "state", readonly=True)
+                try:
+                    raise AssertionError(f"{e}; views {db.job_views()}; decisions {db.decisions()}; "
+                                         f"job {c.backend.get_job(s)}; ckpt {list(ckpt.iterdir())}") from None
+                finally:
+                    db.close()
             t_ack = time.monotonic()
             t = c.sbatch(["--requeue", "--gres=gpu:1", "-o", "/dev/null", "--partition=gpu", f"--comment={spec_t}",
                           str(c.script)], cwd=c.script.parent)
@@ -140,7 +149,7 @@ def test_a_job_that_ignores_term_delays_only_itself(lua_cluster, tmp_path, relia
     rows = decisions()
     s_rows = [x for x in rows if x["job_id"] == s]
     planned_after_cancel = [x for x in s_rows[n_before:] if x["action"] in ("start", "resize", "hold")]
-    assert ack and s_again.gpus_total == 2
+    assert ack and 1 <= s_again.gpus_total <= 2, s_again  # re-placed within the lowered cap
     assert not planned_after_cancel, planned_after_cancel
     assert max(polls) < c.kill_wait_s - 1, f"an enactor poll waited for the stuck job: {max(polls):.1f} s"
     assert max(cycles_s) < c.kill_wait_s - 1, f"a cycle waited for the stuck job: {max(cycles_s):.1f} s"

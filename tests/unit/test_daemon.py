@@ -429,3 +429,24 @@ def test_sighup_reload_keeps_the_old_config_on_a_refused_value(tmp_path):
             assert d.enactor is None or d.enactor.signal_name == "USR2"
     finally:
         d.close()
+
+
+def test_a_waiting_job_the_daemon_never_validated_is_held_not_left_to_run(tmp_path):
+    """Issue 24: an elastic job that waits unheld (no plugin, or released) with a spec the daemon refuses
+    is held by the daemon, so Slurm does not start what the daemon cannot manage; fixed, it is placed."""
+    sim = SimulatedSlurm(nodes=2, gpus_per_node=4, checkpoint_s=5, restart_s=10)
+    model = load_profile("cifar10")
+    sim.submit(name="rigid", gpus_per_node=4, num_nodes=2, duration_s=100)  # the cluster is full a while
+    bad = sim.submit(name="bad", gpus_per_node=1, comment=SPEC_A.replace("min_gpus=1", "min_gpus=9"),
+                     total_samples=4e6, model=model, held=False)
+    assert not sim.get_job(bad).held and sim.get_job(bad).is_pending
+    d = _daemon(sim, tmp_path)
+    d.cycle()
+    assert sim.get_job(bad).held and not sim.get_job(bad).is_running
+    assert any(r["action"] == "hold" and r["reason"] == "bad elastic spec" for r in d.db.decisions(bad))
+    d.cycle()  # held once, not again every cycle
+    assert sum(r["action"] == "hold" for r in d.db.decisions(bad)) == 1
+    sim.jobs[bad].comment, sim.jobs[bad].record = SPEC_A, None  # the user fixes it
+    _run(sim, d, sim.now + 200)
+    assert sim.get_job(bad).is_running
+    d.close()
