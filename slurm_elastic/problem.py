@@ -260,6 +260,38 @@ def _priority_key(r: JobRecord):
     return (-prio, r.submit_time if r.submit_time is not None else 0, r.job_id)
 
 
+@dataclass
+class _Sorted:
+    """The cycle's jobs sorted out (step 1 of :func:`build_problem`): elastic jobs with their specs and
+    pools, those reported or left alone, pending rigid jobs, and the GPUs every other job holds."""
+
+    elastic: list[JobRecord] = field(default_factory=list)
+    specs: dict[int, ElasticSpec] = field(default_factory=dict)
+    allowed: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    pinned: dict[int, str] = field(default_factory=dict)
+    errors: dict[int, SpecError] = field(default_factory=dict)
+    degraded: dict[int, SpecError] = field(default_factory=dict)  # on its last valid spec: its Comment turned invalid
+    unmanaged: dict[int, str] = field(default_factory=dict)
+    rigid: list[JobRecord] = field(default_factory=list)
+    non_elastic_gpus: int = 0
+    non_elastic_per_node: Counter = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The managed part of the cluster this cycle."""
+
+    managed: list[NodeRecord]
+    names: frozenset[str]
+    pools: list[NodePool]
+    pool_of_node: dict[str, str]
+    size: int
+    parts: frozenset[str] | None
+
+    def managed_partition(self, p: str) -> bool:
+        return self.parts is None or bool(set(p.split(",")) & self.parts)
+
+
 def build_problem(
     jobs: Iterable[JobRecord],
     nodes: Iterable[NodeRecord],
@@ -280,196 +312,87 @@ def build_problem(
 ) -> Snapshot:
     """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
     ``job_info`` gives what each job reports about itself (:class:`JobInfo`), when known;
-    ``left_alone`` maps job id -> reason for elastic jobs the driver must not act on."""
+    ``left_alone`` maps job id -> reason for elastic jobs the driver must not act on.
+
+    Three steps: sort the jobs out (:func:`_sort_jobs`), one request and view per elastic job
+    (:func:`_job_request`), then the rigid jobs' reservations, pools and the problem itself."""
     parts = None if partitions is None else frozenset(partitions)
     jobs = jobs if isinstance(jobs, (list, tuple)) else list(jobs)
     in_flight = in_flight or {}
     cache = spec_cache or SpecCache()
-
-    def managed_partition(p: str) -> bool:
-        return parts is None or bool(set(p.split(",")) & parts)
-
     managed = [n for n in nodes if n.usable and (parts is None or set(n.partitions) & parts)]
-    managed_names = {n.name for n in managed}
     node_pools = group_pools(managed)
-    pool_of_node = {n: p.name for p in node_pools for n in p.nodes}
-    allowed: dict[int, tuple[str, ...]] = {}
-    pinned: dict[int, str] = {}
-    rigid: list[JobRecord] = []
-    size = node_size or node_size_of(managed)
+    shape = _Shape(managed, frozenset(n.name for n in managed), node_pools,
+                   {n: p.name for p in node_pools for n in p.nodes}, node_size or node_size_of(managed), parts)
+    size = shape.size
     managed_gpus = sum(n.gpus_total for n in managed)
-
-    non_elastic_gpus = 0
-    non_elastic_per_node: Counter[str] = Counter()
-    elastic: list[JobRecord] = []
-    specs: dict[int, ElasticSpec] = {}
-    errors: dict[int, SpecError] = {}
-    degraded: dict[int, SpecError] = {}  # running on its last valid spec: its Comment turned invalid
-    unmanaged: dict[int, str] = {}
-    left_alone = left_alone or {}
-    for r in jobs:
-        if not r.is_active:
-            continue
-        is_el = managed_partition(r.partition) and is_elastic_comment(r.comment)
-        ending = r.is_completing and r.job_id not in in_flight
-        if is_el and ending:
-            # Cancelled, ended or requeued outside the daemon and still ending (COMPLETING, up to KillWait):
-            # never planned (issue 24 item 7: a cancelled job was given start attempts); its GPUs, still
-            # held on its nodes, count as taken.
-            unmanaged[r.job_id] = f"ending ({r.state}{'+COMPLETING' if r.state != 'COMPLETING' else ''}): not planned"
-            is_el = False
-        elif is_el and r.job_id in left_alone and r.job_id not in in_flight:
-            unmanaged[r.job_id] = left_alone[r.job_id]
-            is_el = False
-        elif is_el and not r.requeueable and not r.is_pending and r.job_id not in in_flight:
-            unmanaged[r.job_id] = (f"not requeueable (--no-requeue, or JobRequeue=0 without --requeue): "
-                                   f"left at its {r.gpus_total} GPUs, never signalled to resize")
-            is_el = False
-        if is_el:
-            try:
-                spec = _within_limits(r, cache.get(r.comment, r.job_id, size), partition_limits, size)
-                where = _job_pools(r, node_pools, pool_of_node, managed_names)
-                allowed[r.job_id], pinned[r.job_id] = where
-                specs[r.job_id] = spec
-                elastic.append(r)
-                continue
-            except SpecError as e:
-                fallback = _fallback_spec(r, cache, in_flight)
-                try:
-                    if fallback is not None:
-                        allowed[r.job_id], pinned[r.job_id] = _job_pools(r, node_pools, pool_of_node, managed_names)
-                        degraded[r.job_id] = e
-                        specs[r.job_id] = fallback
-                        elastic.append(r)
-                        continue
-                except SpecError:
-                    pass
-                errors[r.job_id] = e
-        elif (r.is_pending and not r.held and managed_partition(r.partition) and not is_elastic_comment(r.comment)
-              and (r.gpus_total > 0 or r.gpus_per_node > 0) and r.state_reason in RIGID_WAITING):
-            rigid.append(r)
-        if (r.is_running or (ending and r.nodes)) and r.gpus_total > 0:
-            on = [n for n in r.nodes if n in managed_names]
-            if r.nodes and not on:
-                continue  # runs outside the managed nodes
-            if r.nodes:
-                per = r.gpus_per_node or (r.gpus_total // max(1, len(r.nodes)))
-                held = per * len(on)
-                for n in on:
-                    non_elastic_per_node[n] += per
-            else:
-                held = r.gpus_total
-            non_elastic_gpus += held
-    active = {r.job_id for r in jobs if r.is_active}
-    for jid in [j for j in cache.last_valid if j not in active]:
-        del cache.last_valid[jid]
-    non_elastic_gpus = min(non_elastic_gpus, managed_gpus)
+    st = _sort_jobs(jobs, shape, cache, in_flight, left_alone or {}, partition_limits)
+    non_elastic_gpus = min(st.non_elastic_gpus, managed_gpus)
     capacity = managed_gpus - non_elastic_gpus
 
-    elastic.sort(key=_priority_key)
-    rigid.sort(key=_priority_key)
     reqs: list[JobRequest] = []
     views: list[JobView] = []
     decisions: dict[int, Decision] = {}
-    for r in elastic:
-        spec = specs[r.job_id]
+    for r in st.elastic:
+        spec = st.specs[r.job_id]
         target = in_flight.get(r.job_id)
-        # The same record object as last cycle (the simulated backend reuses unchanged ones) with the same
-        # in-flight target gives the same request and view; only a pending job's wait_s moves on.
         try:
             model = model_for(r, spec)
         except SpecError as e:
             # e.g. profile=NAME with a well-formed but unknown name, or a ckpt_dir the site refuses: this
             # job is reported, the cycle goes on (found by tests/faults: it used to fail every cycle of
             # the daemon, for every job). A running job falls back to its last valid spec (may shrink).
-            fallback = None if r.job_id in degraded else _fallback_spec(r, cache, in_flight)
+            fallback = None if r.job_id in st.degraded else _fallback_spec(r, cache, in_flight)
             try:
                 model = model_for(r, fallback) if fallback is not None else None
             except SpecError:
                 model = None
             if model is None:
-                errors[r.job_id] = e
-                specs.pop(r.job_id)
+                st.errors[r.job_id] = e
+                st.specs.pop(r.job_id)
                 if r.is_running:
                     capacity -= r.gpus_total
                 continue
-            degraded[r.job_id] = e
-            spec = specs[r.job_id] = fallback
-        if r.job_id not in degraded:
+            st.degraded[r.job_id] = e
+            spec = st.specs[r.job_id] = fallback
+        if r.job_id not in st.degraded:
             cache.last_valid[r.job_id] = spec
+        # The same record object as last cycle (the simulated backend reuses unchanged ones) with the same
+        # in-flight target gives the same request and view; only a pending job's wait_s moves on.
         hit = cache.record_hit(r, (target, size, default_restart_s, model))
         if hit is not None:
             req, view, d = hit
-            if d is not None:
-                decisions[r.job_id] = d
             if r.submit_time is not None:  # only the clock moves on: its age, and a pending job's wait
                 age = max(0.0, now - r.submit_time)
                 req = replace(req, age_s=age, wait_s=age if view.status == PENDING else req.wait_s)
-            reqs.append(_with_info(req, r, job_info))
-            views.append(view)
-            continue
-        try:
-            d = cache.decision(r.admin_comment, r.job_id) if r.admin_comment else None
-        except SpecError as e:
-            errors[r.job_id] = e
-            specs.pop(r.job_id)
-            if r.is_running:
-                capacity -= r.gpus_total
-            continue
+        else:
+            try:
+                d = cache.decision(r.admin_comment, r.job_id) if r.admin_comment else None
+            except SpecError as e:
+                st.errors[r.job_id] = e
+                st.specs.pop(r.job_id)
+                if r.is_running:
+                    capacity -= r.gpus_total
+                continue
+            req, view = _job_request(r, spec, model, d, target, shape, cache, now, default_restart_s)
+            cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         if d is not None:
             decisions[r.job_id] = d
-        if target is not None:
-            status, gpus = IN_FLIGHT, target
-            batch = d.batch if d else spec.requested_batch
-        elif r.is_running:
-            status, gpus = RUNNING, r.gpus_total
-            batch = d.batch if (d and d.gpus == r.gpus_total) else spec.requested_batch
-        elif r.is_pending and not r.held and d is not None:
-            status, gpus, batch = STARTING, d.gpus, d.batch
-        else:
-            status, gpus, batch = PENDING, 0, None
-        sps = 0.0
-        if status == RUNNING and gpus > 0:
-            sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
-        age = max(0.0, now - r.submit_time) if r.submit_time is not None else None
-        wait = age if (status == PENDING and age is not None) else 0.0
-        measured_restart = getattr(model, "restart_s", None)
-        req = JobRequest(
-            job_id=r.job_id,
-            spec=spec,
-            model=model,
-            running_gpus=gpus,
-            running_batch=batch if gpus else None,
-            restart_s=measured_restart if measured_restart is not None else
-            spec.restart_s if spec.restart_s is not None else default_restart_s,
-            wait_s=wait,
-            age_s=age,
-            noise_scale=getattr(model, "noise_scale", None),
-            base_batch=getattr(model, "base_batch", None),
-        )
-        on = tuple(n for n in r.nodes if n in managed_names) if r.is_running else ()
-        if on:
-            req = replace(req, nodes=on, gpus_per_node=r.gpus_per_node)
-        facts = getattr(model, "facts", None)
-        known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
-        stepped = (r.restart_count in facts.stepped_restarts) if known else None
-        view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
-                       r.partitions)
-        cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         reqs.append(_with_info(req, r, job_info))
         views.append(view)
 
-    node_cap = {n.name: max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed}
-    res = _reserve(rigid, node_pools, managed, node_cap, reqs, pinned, in_flight)
+    node_cap = {n.name: max(0, n.gpus_total - st.non_elastic_per_node[n.name]) for n in managed}
+    res = _reserve(st.rigid, node_pools, managed, node_cap, reqs, st.pinned, in_flight)
     if res.by_node:
         reserved = sum(res.by_node.values())
         capacity -= reserved
         node_cap = {n: max(0, c - res.by_node.get(n, 0)) for n, c in node_cap.items()}
-    reqs = _pool_requests(reqs, res, allowed, pinned, node_pools, elastic, model_for_type, now, size, capacity)
+    reqs = _pool_requests(reqs, res, st.allowed, st.pinned, node_pools, st.elastic, model_for_type, now, size,
+                          capacity)
     if res.by_node:
         free_per_node = tuple(node_cap[n.name] for n in managed) or None
-    elif non_elastic_per_node:
-        free_per_node = tuple(max(0, n.gpus_total - non_elastic_per_node[n.name]) for n in managed) or None
+    elif st.non_elastic_per_node:
+        free_per_node = tuple(max(0, n.gpus_total - st.non_elastic_per_node[n.name]) for n in managed) or None
     else:
         free_per_node = tuple(n.gpus_total for n in managed) or None
     problem = AllocationProblem(
@@ -481,15 +404,15 @@ def build_problem(
         free_gpus_per_node=free_per_node,
         node_capacity=tuple((n.name, node_cap[n.name]) for n in managed) or None,
         pools=tuple(Pool(p.name, p.gpu_type, p.key.partitions, tuple((n, node_cap[n]) for n in p.nodes),
-                         node_size_of(n for n in managed if pool_of_node[n.name] == p.name))
+                         node_size_of(n for n in managed if shape.pool_of_node[n.name] == p.name))
                     for p in node_pools) if len(node_pools) > 1 else (),
     )
     return Snapshot(
         problem=problem,
         views=tuple(views),
-        records={r.job_id: r for r in elastic},
-        specs=specs,
-        errors=errors,
+        records={r.job_id: r for r in st.elastic},
+        specs=st.specs,
+        errors=st.errors,
         capacity=max(0, capacity),
         managed_gpus=managed_gpus,
         non_elastic_gpus=non_elastic_gpus,
@@ -499,12 +422,126 @@ def build_problem(
         # against the reservation, so the planner's give-back of a leaving job does not free them again.
         node_free={n.name: (n.gpus_total - n.gpus_used - res.by_node[n.name]) if res.by_node.get(n.name)
                    else max(0, n.gpus_total - n.gpus_used) for n in managed},
-        unmanaged=unmanaged,
+        unmanaged=st.unmanaged,
         pools=tuple(node_pools),
         kept_for_rigid=res,
-        partitions_of={r.job_id: r.partitions for r in elastic if r.job_id in specs},
-        degraded=degraded,
+        partitions_of={r.job_id: r.partitions for r in st.elastic if r.job_id in st.specs},
+        degraded=st.degraded,
     )
+
+
+def _sort_jobs(jobs, shape: _Shape, cache: SpecCache, in_flight, left_alone, partition_limits) -> _Sorted:
+    """Which jobs are elastic and managed (with their spec, or their last valid one while they hold GPUs),
+    which are reported (bad spec) or left alone (operators, ending, not requeueable), which rigid jobs
+    wait, and the GPUs every job that is not planned holds; in priority order."""
+    st = _Sorted()
+    size = shape.size
+    for r in jobs:
+        if not r.is_active:
+            continue
+        is_el = shape.managed_partition(r.partition) and is_elastic_comment(r.comment)
+        ending = r.is_completing and r.job_id not in in_flight
+        if is_el and ending:
+            # Cancelled, ended or requeued outside the daemon and still ending (COMPLETING, up to KillWait):
+            # never planned (issue 24 item 7: a cancelled job was given start attempts); its GPUs, still
+            # held on its nodes, count as taken.
+            st.unmanaged[r.job_id] = f"ending ({r.state}{'+COMPLETING' if r.state != 'COMPLETING' else ''}): not planned"
+            is_el = False
+        elif is_el and r.job_id in left_alone and r.job_id not in in_flight:
+            st.unmanaged[r.job_id] = left_alone[r.job_id]
+            is_el = False
+        elif is_el and not r.requeueable and not r.is_pending and r.job_id not in in_flight:
+            st.unmanaged[r.job_id] = (f"not requeueable (--no-requeue, or JobRequeue=0 without --requeue): "
+                                      f"left at its {r.gpus_total} GPUs, never signalled to resize")
+            is_el = False
+        if is_el:
+            try:
+                spec = _within_limits(r, cache.get(r.comment, r.job_id, size), partition_limits, size)
+                st.allowed[r.job_id], st.pinned[r.job_id] = _job_pools(r, shape.pools, shape.pool_of_node,
+                                                                       shape.names)
+                st.specs[r.job_id] = spec
+                st.elastic.append(r)
+                continue
+            except SpecError as e:
+                fallback = _fallback_spec(r, cache, in_flight)
+                try:
+                    if fallback is not None:
+                        st.allowed[r.job_id], st.pinned[r.job_id] = _job_pools(r, shape.pools, shape.pool_of_node,
+                                                                               shape.names)
+                        st.degraded[r.job_id] = e
+                        st.specs[r.job_id] = fallback
+                        st.elastic.append(r)
+                        continue
+                except SpecError:
+                    pass
+                st.errors[r.job_id] = e
+        elif (r.is_pending and not r.held and shape.managed_partition(r.partition)
+              and not is_elastic_comment(r.comment) and (r.gpus_total > 0 or r.gpus_per_node > 0)
+              and r.state_reason in RIGID_WAITING):
+            st.rigid.append(r)
+        if (r.is_running or (ending and r.nodes)) and r.gpus_total > 0:
+            on = [n for n in r.nodes if n in shape.names]
+            if r.nodes and not on:
+                continue  # runs outside the managed nodes
+            if r.nodes:
+                per = r.gpus_per_node or (r.gpus_total // max(1, len(r.nodes)))
+                held = per * len(on)
+                for n in on:
+                    st.non_elastic_per_node[n] += per
+            else:
+                held = r.gpus_total
+            st.non_elastic_gpus += held
+    active = {r.job_id for r in jobs if r.is_active}
+    for jid in [j for j in cache.last_valid if j not in active]:
+        del cache.last_valid[jid]
+    st.elastic.sort(key=_priority_key)
+    st.rigid.sort(key=_priority_key)
+    return st
+
+
+def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Decision | None, target: int | None,
+                 shape: _Shape, cache: SpecCache, now: float, default_restart_s: float) -> tuple[JobRequest, JobView]:
+    """One elastic job's request to the policy and its view for the planner: where it stands (pending,
+    starting, running, in flight), at what size and batch, its age, wait and restart cost."""
+    size = shape.size
+    if target is not None:
+        status, gpus = IN_FLIGHT, target
+        batch = d.batch if d else spec.requested_batch
+    elif r.is_running:
+        status, gpus = RUNNING, r.gpus_total
+        batch = d.batch if (d and d.gpus == r.gpus_total) else spec.requested_batch
+    elif r.is_pending and not r.held and d is not None:
+        status, gpus, batch = STARTING, d.gpus, d.batch
+    else:
+        status, gpus, batch = PENDING, 0, None
+    sps = 0.0
+    if status == RUNNING and gpus > 0:
+        sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
+    age = max(0.0, now - r.submit_time) if r.submit_time is not None else None
+    wait = age if (status == PENDING and age is not None) else 0.0
+    measured_restart = getattr(model, "restart_s", None)
+    req = JobRequest(
+        job_id=r.job_id,
+        spec=spec,
+        model=model,
+        running_gpus=gpus,
+        running_batch=batch if gpus else None,
+        restart_s=measured_restart if measured_restart is not None else
+        spec.restart_s if spec.restart_s is not None else default_restart_s,
+        wait_s=wait,
+        age_s=age,
+        noise_scale=getattr(model, "noise_scale", None),
+        base_batch=getattr(model, "base_batch", None),
+    )
+    on = tuple(n for n in r.nodes if n in shape.names) if r.is_running else ()
+    if on:
+        req = replace(req, nodes=on, gpus_per_node=r.gpus_per_node)
+    facts = getattr(model, "facts", None)
+    known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
+    stepped = (r.restart_count in facts.stepped_restarts) if known else None
+    view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
+                   r.partitions)
+    return req, view
 
 
 def _job_pools(r: JobRecord, pools, pool_of_node, managed_names) -> tuple[tuple[str, ...], str]:
