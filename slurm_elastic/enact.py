@@ -366,6 +366,11 @@ def run_cycle(
         left_alone=left_alone,
         partition_limits=partition_limits,
     )
+    if snap.node_size <= 0 and snap.problem.jobs:
+        # Seen live (pyslurm, right after a slurmctld restart): nodes listed with GPUs but none of the
+        # managed ones usable yet. Nothing can be placed; skip the cycle as for a failed read.
+        raise SlurmError("no managed node is usable yet (slurmctld just started, or every managed node is "
+                         "down or drained): nothing to plan on this cycle")
     snap = _freeze(snap, state.books, now, planner_config or pl.PlannerConfig())
     if snap.problem.jobs:
         alloc = policy.allocate(snap.problem)

@@ -147,7 +147,7 @@ class ElasticSpec:
 
     def placement(self, gpus: int, node_size: int) -> tuple[int, int]:
         """``(nodes, gpus_per_node)`` for ``gpus`` GPUs under the rule of :meth:`allowed_gpu_counts`."""
-        per_node = self.gpus_per_node or (gpus if gpus <= node_size else node_size)
+        per_node = self.gpus_per_node or (gpus if gpus <= node_size or node_size <= 0 else node_size)
         if gpus % per_node:
             raise ValueError(f"{gpus} GPUs do not fill whole nodes of {per_node}")
         return gpus // per_node, per_node

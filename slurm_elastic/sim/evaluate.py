@@ -54,6 +54,12 @@ NO_PROGRESS = (("dp:noprogress", "p-norm of speedups over the minimum (default f
                ("dp:unranked=las,noprogress", "completion ranked by attained service (LAS)"))
 
 
+# What the trust rule (slurm_elastic.claims) costs honest jobs, at both loads.
+TRUST = (("dp", "trust rule (default; Pollux's traces name no users: one user, whose claims are borne out)"),
+         ("dp:ownusers", "trust rule, every job its own user (no history: a waiting job's claim never counts)"),
+         ("dp:trusting", "every report trusted as written (no trust rule; before issue 24)"))
+
+
 def _policy(spec: str):
     name, _, opts = spec.partition(":")
     kw = {}
@@ -117,6 +123,7 @@ def tasks(pollux: str) -> list:
             out += [("goodput", p, folder, n, pollux) for n in range(1, 6)]
     out += [("goodput", v, "workloads", n, pollux) for v, _ in VARIANTS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
+    out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
     return out
 
 
@@ -303,6 +310,21 @@ def document(R: dict, minutes: float) -> str:
                                  if m and m["avg_jct_s"] / 3600 <= pub)) + "/5" if all(ms) else "")
         rows.append([label] + cells)
     out.append(report.markdown_table(["fallback", "workloads/ avg JCT h", "at or below Pollux",
+                                      "workloads-2.0/ avg JCT h", "at or below Pollux"], rows))
+    out.append("")
+    out.append("What the trust rule costs honest jobs (docs/ALGORITHM.md, \"Claims and the trust rule\": work left "
+               "counts once a job ran 60 s with a verified throughput, or before it ran for a user whose claims "
+               "were borne out; noise scale clipped to 10 x max_batch), average JCT h:\n")
+    rows = []
+    for spec, label in TRUST:
+        cells = []
+        for folder in SETS:
+            ms = [R.get(("goodput", spec, folder, n)) for n in range(1, 6)]
+            cells.append(f"{_mean([m['avg_jct_s'] for m in ms]) / 3600:.3f}" if all(ms) else "not run")
+            cells.append(str(sum(1 for m, pub in zip(ms, POLLUX_PUBLISHED[folder], strict=True)
+                                 if m and m["avg_jct_s"] / 3600 <= pub)) + "/5" if all(ms) else "")
+        rows.append([label] + cells)
+    out.append(report.markdown_table(["reports", "workloads/ avg JCT h", "at or below Pollux",
                                       "workloads-2.0/ avg JCT h", "at or below Pollux"], rows))
     out.append("")
     # paper's own comparison

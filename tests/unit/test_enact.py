@@ -155,6 +155,22 @@ def test_a_cycle_with_no_node_reporting_gpus_is_skipped_not_planned_on_an_empty_
         run_cycle(be, DPPolicy(), Enactor(be), CycleState(), model_for=lambda j, s: None, now=0.0)
     assert be.calls == []  # nothing enacted
 
+    class NotYetUsable(Restarted):  # seen live with pyslurm: GPUs listed, the node not usable yet
+        usable = True
+
+        def list_nodes(self):
+            return [NodeRecord("n1", "MIXED" if self.usable else "DOWN", (), 8, 4, 8, ("gpu",))]
+
+    from slurm_elastic.profiles import load_profile
+
+    be, state = NotYetUsable(), CycleState()
+    run_cycle(be, DPPolicy(), Enactor(be), state, model_for=lambda j, s: load_profile("cifar10"), now=0.0)
+    assert 5 in state.spec_cache.last_valid  # validated on 8-GPU nodes: its fallback if its spec fails
+    be.usable, be.calls = False, []
+    with pytest.raises(SlurmError, match="no managed node is usable yet"):  # was: modulo by zero
+        run_cycle(be, DPPolicy(), Enactor(be), state, model_for=lambda j, s: load_profile("cifar10"), now=1.0)
+    assert be.calls == []
+
 
 def test_a_job_that_ends_between_the_read_and_the_signal_is_skipped_not_an_error():
     """Seen live with pyslurm: 'Job/step already completing or completed' for a job that just finished."""
