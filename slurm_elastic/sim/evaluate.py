@@ -127,6 +127,21 @@ def tasks(pollux: str) -> list:
     return out
 
 
+def _both_loads_table(R, variants, first: str) -> str:
+    """Average JCT of each variant at both loads, with how many workloads are at or below Pollux."""
+    rows = []
+    for spec, label in variants:
+        cells = []
+        for folder in SETS:
+            ms = [R.get(("goodput", spec, folder, n)) for n in range(1, 6)]
+            cells.append(f"{_mean([m['avg_jct_s'] for m in ms]) / 3600:.3f}" if all(ms) else "not run")
+            cells.append(str(sum(1 for m, pub in zip(ms, POLLUX_PUBLISHED[folder], strict=True)
+                                 if m and m["avg_jct_s"] / 3600 <= pub)) + "/5" if all(ms) else "")
+        rows.append([label] + cells)
+    return report.markdown_table([first, "workloads/ avg JCT h", "at or below Pollux", "workloads-2.0/ avg JCT h",
+                                  "at or below Pollux"], rows) + "\n"
+
+
 def h(x):
     return "-" if x is None else f"{x / 3600:.2f}"
 
@@ -300,33 +315,11 @@ def document(R: dict, minutes: float) -> str:
     out.append(_objective_verdict(R))
     out.append("\nWhen no job reports its progress, average JCT h (means over workloads 1-5; Pollux's published "
                "means 0.722 / 1.520):\n")
-    rows = []
-    for spec, label in NO_PROGRESS:
-        cells = []
-        for folder in SETS:
-            ms = [R.get(("goodput", spec, folder, n)) for n in range(1, 6)]
-            cells.append(f"{_mean([m['avg_jct_s'] for m in ms]) / 3600:.3f}" if all(ms) else "not run")
-            cells.append(str(sum(1 for m, pub in zip(ms, POLLUX_PUBLISHED[folder], strict=True)
-                                 if m and m["avg_jct_s"] / 3600 <= pub)) + "/5" if all(ms) else "")
-        rows.append([label] + cells)
-    out.append(report.markdown_table(["fallback", "workloads/ avg JCT h", "at or below Pollux",
-                                      "workloads-2.0/ avg JCT h", "at or below Pollux"], rows))
-    out.append("")
+    out.append(_both_loads_table(R, NO_PROGRESS, "fallback"))
     out.append("What the trust rule costs honest jobs (docs/ALGORITHM.md, \"Claims and the trust rule\": work left "
                "counts once a job ran 60 s with a verified throughput, or before it ran for a user whose claims "
                "were borne out; noise scale clipped to 10 x max_batch), average JCT h:\n")
-    rows = []
-    for spec, label in TRUST:
-        cells = []
-        for folder in SETS:
-            ms = [R.get(("goodput", spec, folder, n)) for n in range(1, 6)]
-            cells.append(f"{_mean([m['avg_jct_s'] for m in ms]) / 3600:.3f}" if all(ms) else "not run")
-            cells.append(str(sum(1 for m, pub in zip(ms, POLLUX_PUBLISHED[folder], strict=True)
-                                 if m and m["avg_jct_s"] / 3600 <= pub)) + "/5" if all(ms) else "")
-        rows.append([label] + cells)
-    out.append(report.markdown_table(["reports", "workloads/ avg JCT h", "at or below Pollux",
-                                      "workloads-2.0/ avg JCT h", "at or below Pollux"], rows))
-    out.append("")
+    out.append(_both_loads_table(R, TRUST, "reports"))
     # paper's own comparison
     out.append("## 4. The paper's comparison: samples work model (every sample worth the same), 12 s rescale\n")
     rows = []
