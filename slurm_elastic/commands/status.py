@@ -199,12 +199,14 @@ def short_provenance(p: str | None) -> str:
 
 def progress_of(p: str) -> str | None:
     """The progress note the daemon adds to a model's provenance (``..., 37% of 4.8e+04 samples
-    done`` -> ``37%``; ``..., progress not used (...)`` -> ``unused``): what the SRPT rank uses."""
+    done`` -> ``37%``; a claim the trust rule does not use yet or any more, ``..., 37% of ... done; not
+    used until verified (...)`` or ``..., progress claim not used: ...`` -> ``unused``): what the
+    completion rank uses (slurm_elastic/claims.py)."""
     for part in p.split(", ")[1:]:
-        if part.endswith(" samples done") and part.split("%")[0].isdigit():
-            return part.split(" ")[0]
-        if part.startswith("progress not used"):
+        if part.startswith("progress claim not used") or part.startswith("progress not used"):
             return "unused"
+        if " samples done" in part and part.split("%")[0].isdigit():
+            return "unused" if "not used" in part else part.split(" ")[0]
     return None
 
 

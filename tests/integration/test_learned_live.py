@@ -62,6 +62,7 @@ def test_noise_scale_is_reported_the_model_is_fitted_and_no_resize_before_a_firs
                         + 'metrics_address = ""\n')
     d = Daemon(load_config(cfg_path), backend=c.backend)
     d.open()
+    d.models.claims.PROBATION_S = 0.0  # the claim counts as soon as its throughput is verified (no 60 s wait)
     try:
         # Leave exactly 2 free GPUs: 3 whole nodes + 2 GPUs of the fourth.
         ids.append(c.sbatch(["--job-name=learn-fill4", "-N", "3", "--gres=gpu:4", "-o", "/dev/null", "--wrap",
@@ -116,7 +117,10 @@ def test_noise_scale_is_reported_the_model_is_fitted_and_no_resize_before_a_firs
         # spiral's 1200 samples (3 arms x 400) planned; attained service from what Slurm showed, not the job
         assert report["total_samples"] == 40 * 1200 and 0 < report["samples_seen"] < 40 * 1200, report
         info = d.models.progress[a]
-        assert info.remaining_samples == 40 * 1200 - d.models.claims[a]["seen"] and info.attained_gpu_s > 0, info
+        claim = d.models.claims.jobs[a]  # done counts from the job's first report (slurm_elastic.claims)
+        assert claim.total == 40 * 1200 and claim.seen is not None and not claim.false, claim
+        assert info.remaining_samples == claim.total - (claim.seen - claim.seen0), (info, claim, d.models.sources[a])
+        assert info.attained_gpu_s > 0, info
         view = d.db.job_views()[a]
         assert view["model"].startswith("fitted from") and view["noise_scale"] > 0  # the report moves on
         # The policy wanted A's GPUs for B while A had not stepped: the guard is what kept A.

@@ -187,7 +187,11 @@ def test_status_shows_the_model_provenance_and_an_old_state_db_gains_the_columns
     from slurm_elastic.commands.status import progress_of
 
     assert progress_of("fitted from 2 reports, 37% of 4.8e+04 samples done") == "37%"
-    assert progress_of("prior, progress not used (spent, stalled, or slower than its measured throughput)") == "unused"
+    assert progress_of("fitted from 1 report, 37% of 4.8e+04 samples done; not used until verified (12 s run, "
+                       "throughput not verified)") == "unused"
+    assert progress_of("fitted from 1 report, progress claim not used: samples seen rose by 1e+06 in 30 s of "
+                       "running, more than 1.8e+04 its verified throughput allows") == "unused"
+    assert progress_of("fitted from 1 report, 100% of 4.8e+04 samples done; spent") == "100%"
     assert progress_of("fitted from 1 report, 3 unverified ignored") is None and progress_of("prior") is None
     row = merge_daemon_view({"jobid": 5, "reason": "", "model": None},
                             dict(view, model="fitted from 2 reports, 37% of 4.8e+04 samples done"))
