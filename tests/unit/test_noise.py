@@ -111,6 +111,11 @@ def _ddp_worker(rank, world, init, truth, out):
     run_steps(noise, lin.weight, v, batch=64, local=16, rank=rank, world=world, ddp=ddp)
     if rank == 0:
         out.put(noise.noise_scale)
+    # As the library's own teardown: both ranks done before the group goes, and the DDP reducer (which
+    # holds the group) gone first. Without it, CI once saw both ranks abort at exit ("terminate called
+    # without an active exception", exit -6) after the estimate had been sent.
+    dist.barrier()
+    del ddp
     dist.destroy_process_group()
 
 
