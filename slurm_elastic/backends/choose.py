@@ -73,7 +73,7 @@ def choose_backend(kind: str, cli: CliBackend, *, probe: Callable[[], tuple[str 
 def make_backend(config) -> SlurmBackend:
     """The daemon's backend for a :class:`DaemonConfig`; logs the choice and its reason."""
     cli = CliBackend(bin_dir=config.slurm_bin, timeout=config.slurm_timeout_s)
-    backend, reason = choose_backend(getattr(config, "backend", "cli"), cli)
+    backend, reason = choose_backend(getattr(config, "backend", "auto"), cli)
     name = "pyslurm" if backend is not cli else "cli"
     log.info("backend: %s (%s)", name, reason, extra={"kv": {"backend": name, "reason": reason}})
     return backend

@@ -44,7 +44,7 @@ class DaemonConfig:
     max_weight: float = 10.0  # site maximum of a spec's weight; a job asking more is refused (bad spec)
     watchdog_s: float = 600.0  # a cycle (or a stop) stuck this long ends the process (systemd restarts it); 0 = off
     lease_ttl_s: float = 90.0  # one daemon per cluster (daemon/lease.py); at least 3 polls; 0 = no lease
-    backend: str = "cli"  # cli | pyslurm | auto (pyslurm if it imports and matches Slurm's version)
+    backend: str = "auto"  # auto (pyslurm if it imports and matches Slurm's version, else cli) | cli | pyslurm
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:

@@ -11,6 +11,7 @@ import pytest
 
 from slurm_elastic.backends.base import JobRecord, SlurmError, SlurmParseError, SlurmTimeout
 from slurm_elastic.backends.choose import choose_backend, major
+from slurm_elastic.backends.cli import CliBackend
 from slurm_elastic.backends.pyslurm_backend import PyslurmBackend, gpus_in_gres_dict, job_record, node_record
 from slurm_elastic.backends.pyslurm_worker import _decode, _encode, serve
 
@@ -172,7 +173,8 @@ def test_worker_protocol_round_trips_records_and_typed_errors():
 def test_config_backend_key():
     from slurm_elastic.daemon.config import ConfigError, config_from_dict
 
-    assert config_from_dict({}).backend == "cli"
+    assert config_from_dict({}).backend == "auto"  # issue 22: the fast backend wherever it works
+    assert config_from_dict({"backend": "cli"}).backend == "cli"
     assert config_from_dict({"backend": "auto"}).backend == "auto"
     with pytest.raises(ConfigError, match="backend must be one of auto, cli, pyslurm"):
         config_from_dict({"backend": "grpc"})
@@ -229,3 +231,23 @@ def test_gpus_per_job_through_the_cli_on_pyslurm_24():
         (rec,) = b.list_jobs()
         assert (rec.gpus_per_node, rec.gpus_total, rec.gpu_type) == (2, 4, "")
     assert Cli.asked == [7]
+
+
+def test_default_backend_survives_a_bad_slurm_conf(tmp_path, monkeypatch, caplog):
+    """The default ("auto") probes ``import pyslurm`` in a child: with a SLURM_CONF that libslurm cannot
+    read (which exits the importing process), this process lives on, takes the CLI and logs why."""
+    import logging
+
+    from slurm_elastic.backends.choose import make_backend
+    from slurm_elastic.daemon.config import config_from_dict
+
+    bad = tmp_path / "slurm.conf"
+    bad.write_text("Bogus=\n")  # a missing file would make libslurm try DNS (configless) for a minute first
+    monkeypatch.setenv("SLURM_CONF", str(bad))
+    cfg = config_from_dict({"slurm_bin": str(tmp_path)})  # no scontrol there either
+    with caplog.at_level(logging.INFO, logger="slurm_elastic.daemon"):
+        backend = make_backend(cfg)
+    assert isinstance(backend, CliBackend)
+    assert cfg.backend == "auto"
+    line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("backend: cli")]
+    assert line and "auto" in line[0] and "using the CLI because" in line[0], caplog.text
