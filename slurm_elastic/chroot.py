@@ -33,7 +33,6 @@ KNOWN_RELEASES = {"bookworm": "12", "trixie": "13", "sid": "unstable"}
 # The release whose Slurm a host of each release runs in a chroot (a second, different version).
 OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
 PACKAGES = ("slurm-wlm", "munge", "slurm-client")
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Mounted in this order, unmounted in reverse. /sys is bound recursively: /sys/fs/cgroup (and, with
 # cgroup v1, one mount per controller below it) are mounts of their own, which a plain bind does not
 # carry, and Slurm before 23.02 has no CgroupPlugin=disabled: its slurmd refuses to start without
@@ -74,14 +73,20 @@ def other_release(host: str | None = None) -> str | None:
     return OTHER_RELEASE.get(host or host_release())
 
 
+MIRROR_ENV = "SLURM_ELASTIC_DEBIAN_MIRROR"
+
+
 def apt_mirror(host: str | None = None, sources_dir: str = "/etc/apt") -> str:
     """The Debian archive URI the host's apt uses for its own release (deb822 or one-line sources).
 
-    ``SLURM_ELASTIC_DEBIAN_MIRROR`` overrides it; without a match it is deb.debian.org.
+    ``SLURM_ELASTIC_DEBIAN_MIRROR`` overrides it. A source counts when it is enabled, of type ``deb``,
+    has the host's release as a suite and ``main`` among its components (so a third-party repository
+    that also names the codename, e.g. one with component ``stable``, is not taken) and is not the
+    security archive. No mirror is named in this code: without such a source it stops and says so.
     """
-    override = os.environ.get("SLURM_ELASTIC_DEBIAN_MIRROR")
+    override = os.environ.get(MIRROR_ENV)
     if override:
-        return override
+        return override.rstrip("/")
     host = host or host_release()
     base = Path(sources_dir)
     files = [base / "sources.list", *sorted((base / "sources.list.d").glob("*.list")),
@@ -91,28 +96,43 @@ def apt_mirror(host: str | None = None, sources_dir: str = "/etc/apt") -> str:
             text = path.read_text()
         except OSError:
             continue
-        if path.suffix == ".sources":
-            for stanza in re.split(r"\n\s*\n", text):
-                fields: dict[str, str] = {}
-                for line in stanza.splitlines():
-                    if line.startswith("#") or ":" not in line:
-                        continue
-                    k, _, v = line.partition(":")
-                    fields[k.strip().lower()] = v.strip()
-                if fields.get("enabled", "yes").lower() == "no" or "deb" not in fields.get("types", "").split():
-                    continue
-                if host in fields.get("suites", "").split():
-                    for uri in fields.get("uris", "").split():
-                        if not uri.rstrip("/").endswith("-security"):
-                            return uri.rstrip("/")
-        else:
-            for line in text.splitlines():
-                parts = line.split("#", 1)[0].split()
-                if len(parts) >= 3 and parts[0] == "deb":
-                    rest = [p for p in parts[1:] if not p.startswith("[")]
-                    if len(rest) >= 2 and rest[1] == host and not rest[0].rstrip("/").endswith("-security"):
-                        return rest[0].rstrip("/")
-    return DEFAULT_MIRROR
+        found = _deb822_mirror(text, host) if path.suffix == ".sources" else _one_line_mirror(text, host)
+        if found:
+            return found
+    raise ChrootError(f"no Debian archive for {host} (suite {host}, component main) in the host's apt sources "
+                      f"({base / 'sources.list'}, {base / 'sources.list.d'}/*.list, *.sources): set "
+                      f"{MIRROR_ENV} to the Debian mirror to build the chroot from")
+
+
+def _usable(uri: str, suite: str, components: list[str], host: str) -> bool:
+    return suite == host and "main" in components and not uri.rstrip("/").endswith("-security")
+
+
+def _deb822_mirror(text: str, host: str) -> str | None:
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        for line in stanza.splitlines():
+            if line.startswith(("#", " ", "\t")) or ":" not in line:
+                continue  # comments and continuation lines (e.g. an inline Signed-By key)
+            k, _, v = line.partition(":")
+            fields[k.strip().lower()] = v.strip()
+        if fields.get("enabled", "yes").lower() == "no" or "deb" not in fields.get("types", "").split():
+            continue
+        components = fields.get("components", "").split()
+        for uri in fields.get("uris", "").split():
+            if any(_usable(uri, suite, components, host) for suite in fields.get("suites", "").split()):
+                return uri.rstrip("/")
+    return None
+
+
+def _one_line_mirror(text: str, host: str) -> str | None:
+    for line in text.splitlines():
+        parts = line.split("#", 1)[0].split()
+        if len(parts) >= 3 and parts[0] == "deb":
+            rest = [p for p in parts[1:] if not p.startswith("[") and not p.endswith("]") and "=" not in p]
+            if len(rest) >= 3 and _usable(rest[0], rest[1], rest[2:], host):
+                return rest[0].rstrip("/")
+    return None
 
 
 def mounts_under(path: Path) -> list[str]:

@@ -38,14 +38,25 @@ def test_apt_mirror_from_deb822_and_one_line_sources(tmp_path, monkeypatch):
     d = tmp_path / "apt"
     (d / "sources.list.d").mkdir(parents=True)
     (d / "sources.list.d" / "debian.sources").write_text(
-        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n\n"
         "Types: deb\n# a comment\nURIs: http://mirror.example/debian/\nSuites: bookworm bookworm-updates\n"
-        "Components: main\n")
+        "Components: main\nSigned-By:\n -----BEGIN PGP PUBLIC KEY BLOCK-----\n URIs: http://not.this/\n")
     assert apt_mirror("bookworm", str(d)) == "http://mirror.example/debian"
-    assert apt_mirror("trixie", str(d)) == "http://deb.debian.org/debian"  # nothing for trixie: the default
-    (d / "sources.list").write_text("# old style\ndeb [arch=amd64] http://other.example/debian trixie main\n")
+    with pytest.raises(ChrootError, match="SLURM_ELASTIC_DEBIAN_MIRROR") as e:
+        apt_mirror("trixie", str(d))  # nothing for trixie: no guess, a message naming the variable
+    assert "trixie" in str(e.value)
+    # a third-party repository naming the codename with another component is not a Debian archive
+    (d / "sources.list").write_text("deb [arch=amd64] http://thirdparty.example/linux/debian trixie stable\n")
+    with pytest.raises(ChrootError):
+        apt_mirror("trixie", str(d))
+    (d / "sources.list").write_text("# old style\ndeb [arch=amd64 signed-by=/k.gpg] http://other.example/debian "
+                                    "trixie main contrib\n")
     assert apt_mirror("trixie", str(d)) == "http://other.example/debian"
-    monkeypatch.setenv("SLURM_ELASTIC_DEBIAN_MIRROR", "http://override.example/debian")
+    (d / "sources.list.d" / "debian.sources").write_text(
+        "Enabled: no\nTypes: deb\nURIs: http://off.example/debian\nSuites: sid\nComponents: main\n")
+    with pytest.raises(ChrootError):
+        apt_mirror("sid", str(d))
+    monkeypatch.setenv("SLURM_ELASTIC_DEBIAN_MIRROR", "http://override.example/debian/")
     assert apt_mirror("trixie", str(d)) == "http://override.example/debian"
 
 
