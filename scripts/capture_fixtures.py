@@ -69,8 +69,13 @@ def main() -> int:
                     help="host, a Debian codename (bookworm, trixie: Slurm in a chroot), or 'all' (host + the other)")
     ap.add_argument("--pools", action="store_true",
                     help="capture the two-pool scenario (tests/fixtures/pools-<version>/) instead of the basic one")
+    ap.add_argument("--doctor", action="store_true",
+                    help="capture 'scontrol show config' of a good and of deliberately broken slurm.conf files "
+                         "(tests/fixtures/doctor-<version>/, for slurm-elastic doctor)")
     args = ap.parse_args()
-    run = capture_pools if args.pools else capture
+    run = capture_pools if args.pools else capture_doctor if args.doctor else capture
+    if args.doctor and args.state_dir:
+        sys.exit("--doctor starts its own clusters; it cannot be used with --state-dir")
     if args.pools and args.state_dir:
         sys.exit("--pools starts its own two-pool cluster; it cannot be used with --state-dir")
     if args.slurm == "all":
@@ -178,6 +183,72 @@ def capture_pools(state_dir: None, out_dir: str, release: str | None) -> int:
         shutil.rmtree(final)
     os.replace(out, final)
     print(f"captured the two-pool scenario of Slurm {version} into {final}")
+    return 0
+
+
+PLUGIN = REPO / "plugins" / "job_submit_elastic.lua"
+# slurm-elastic doctor's scenarios: extra slurm.conf lines and whether the job_submit plugin is loaded.
+# "good" is what the daemon needs; each other one breaks one thing (the key it changes is its name).
+DOCTOR_CASES = {
+    "good": ([], True),
+    "no_requeue": (["JobRequeue=0"], False),  # neither JobRequeue nor the plugin's --requeue rule
+    "requeue_by_plugin": (["JobRequeue=0"], True),  # JobRequeue=0, but the plugin requires --requeue
+    "preempt": (["PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE"], True),
+    "no_root_jobs": (["DisableRootJobs=YES"], True),
+}
+
+
+def capture_doctor(state_dir: None, out_dir: str, release: str | None) -> int:
+    """One small cluster (1 node x 4 GPUs) restarted once per case of DOCTOR_CASES: its ``scontrol show
+    config`` and ``scontrol -o show partition`` are saved as ``config_<case>.txt`` and
+    ``partitions_<case>.txt``. The later of two equal keys in slurm.conf wins (checked in MANIFEST)."""
+    from slurm_elastic.backends.dialects import parse_config
+
+    port = find_free_port_block(4, start=23700)
+    base = None
+    if release is not None:
+        root = ChrootRoot(release)
+        root.ensure()
+        base = root.path / "srv" / "slurm-elastic"
+        base.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="se-doctor-", dir=base))
+    out, final, version, manifest = None, None, "", {}
+    try:
+        for case, (extra, plugin) in DOCTOR_CASES.items():
+            cluster = LocalCluster(scratch / case, ClusterConfig(
+                nodes=1, gpus_per_node=4, ctld_port=port, release=release, extra_conf=list(extra),
+                job_submit_lua=str(PLUGIN) if plugin else None))
+            cluster.up()
+            try:
+                version = cluster.backend.version()
+                if out is None:
+                    final = Path(out_dir) / f"doctor-{'.'.join(version.split('.')[:2])}"
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    out = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+                config = cluster.run_tool("scontrol", "show", "config", check=True).stdout
+                parts = cluster.run_tool("scontrol", "-o", "show", "partition", check=True).stdout
+            finally:
+                cluster.down()
+            (out / f"config_{case}.txt").write_text(config)
+            (out / f"partitions_{case}.txt").write_text(parts)
+            seen = parse_config(config)
+            manifest[case] = {"extra_slurm_conf": extra, "job_submit_lua": plugin,
+                              "read_back": {k.partition("=")[0]: seen.get(k.partition("=")[0]) for k in extra},
+                              "JobSubmitPlugins": seen.get("JobSubmitPlugins")}
+            print(f"doctor case {case}: Slurm {version}, {len(seen)} keys")
+        (out / "MANIFEST.json").write_text(json.dumps({
+            "slurm_version": version, "captured_on": time.strftime("%Y-%m-%d"),
+            "os": os_release() if release is None else f"Debian {release} packages in a debootstrap chroot on "
+                                                       f"{os_release()}",
+            "tool": "scripts/capture_fixtures.py --doctor", "plugin": "plugins/job_submit_elastic.lua",
+            "cases": manifest}, indent=2) + "\n")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    os.chmod(out, 0o755)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(out, final)
+    print(f"captured the doctor cases of Slurm {version} into {final}")
     return 0
 
 
