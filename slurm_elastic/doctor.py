@@ -224,7 +224,7 @@ def check_state_dir(f: SiteFacts) -> Check:
                      "replace the state database or its lock", f"chmod go-w {path}")
     if s.get("uid") not in (0, f.euid):
         return Check("state_dir", WARN, f"{path} belongs to uid {s.get('uid')}, not root or this user ({f.euid})",
-                     f"chown it to the daemon's user (root, or SlurmUser with User= in the unit)")
+                     "chown it to the daemon's user (root, or SlurmUser with User= in the unit)")
     return Check("state_dir", OK, f"{path} (uid {s.get('uid')}, mode {mode:04o})")
 
 
