@@ -18,6 +18,7 @@ off; nothing is acted on from a partial read. The daemon never cancels a job.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -138,7 +139,12 @@ class Daemon:
                 self.server.start()
                 event(logging.INFO, "metrics listening", address=f"{self.server.address[0]}:{self.server.address[1]}")
             except OSError as e:
-                event(logging.ERROR, "metrics endpoint not started", error=str(e))
+                # Issue 21: a second daemon on the host (another cluster) finds the port taken; it runs on
+                # without metrics rather than failing, and says which address to change.
+                event(logging.ERROR, "metrics endpoint not started; running without metrics",
+                      address=f"{self.config.metrics_address}:{self.config.metrics_port}",
+                      error=("port taken (another daemon on this host?): set metrics_port in the configuration"
+                             if e.errno == errno.EADDRINUSE else str(e)))
         event(logging.INFO, "daemon started", policy=self.config.policy, state_dir=self.config.state_dir,
               partitions=",".join(self.config.partitions) or "all", dry_run=self.dry_run)
 
@@ -154,6 +160,7 @@ class Daemon:
             event(logging.WARNING, "this backend keeps no lease: a second daemon would not be detected")
         if why:
             self.metrics.inc("slurm_elastic_errors_total", kind="second_daemon")
+            self.metrics.inc("slurm_elastic_cycles_skipped_total", reason="second_daemon")
             event(logging.CRITICAL, "refusing to act", reason=why)
         elif self.refused_by:
             event(logging.WARNING, "this daemon holds the cluster again", lease_job=self.lease.job_id)
@@ -413,6 +420,7 @@ class Daemon:
         """Slurm could not be read (or answered garbage): act on nothing, log it, back off."""
         kind = "parse" if isinstance(e, SlurmParseError) else "slurm"
         self.metrics.inc("slurm_elastic_errors_total", kind=kind)
+        self.metrics.inc("slurm_elastic_cycles_skipped_total", reason=kind)
         self.backoff_s = min(max(2 * self.backoff_s, self.config.poll_interval_s), 300.0)
         event(logging.ERROR, "cycle skipped: cannot read Slurm", error=str(e), retry_in_s=self.backoff_s)
         return None
@@ -440,13 +448,25 @@ class Daemon:
         self.metrics.set("slurm_elastic_solve_seconds", result.allocation.solve_s)
         self.metrics.set("slurm_elastic_gpus_available", snap.capacity)
         self.metrics.clear("slurm_elastic_jobs")
-        counts: dict[str, int] = {}
+        # every state, 0 included: a query for one state (a dashboard's "waiting") never finds no series
+        counts: dict[str, int] = dict.fromkeys((pl.PENDING, pl.STARTING, pl.RUNNING, pl.IN_FLIGHT), 0)
         for v in snap.views:
             counts[v.status] = counts.get(v.status, 0) + 1
         counts["bad_spec"] = len(snap.errors)
         for state, n in counts.items():
             self.metrics.set("slurm_elastic_jobs", n, state=state)
         self.metrics.set("slurm_elastic_gpus_allocated", sum(v.gpus for v in snap.views if v.status == pl.RUNNING))
+        self.metrics.set("slurm_elastic_last_cycle_timestamp_seconds", time.time())
+        self.metrics.clear("slurm_elastic_job_gpus")
+        self.metrics.clear("slurm_elastic_job_batch")
+        records_by_id = {r.job_id: r for r in records}
+        for v in snap.views:
+            if v.gpus > 0:
+                rec = records_by_id.get(v.job_id)
+                self.metrics.set("slurm_elastic_job_gpus", v.gpus, job_id=v.job_id, status=v.status,
+                                 user=rec.user if rec is not None else "")
+            if v.status == pl.RUNNING and v.batch:
+                self.metrics.set("slurm_elastic_job_batch", v.batch, job_id=v.job_id)
         if self.dry_run or self.db is None:
             return
         self.db.save_books(self.state.books)

@@ -19,6 +19,12 @@ class Metrics:
         "slurm_elastic_solve_seconds": ("gauge", "Optimizer time in the last cycle."),
         "slurm_elastic_cycles_total": ("counter", "Scheduling cycles run."),
         "slurm_elastic_errors_total": ("counter", "Errors by kind (slurm, parse, spec, action)."),
+        "slurm_elastic_cycles_skipped_total": ("counter", "Cycles that acted on nothing, by reason (slurm: Slurm "
+                                               "unreadable, parse: garbled answer, second_daemon: another holds the lease)."),
+        "slurm_elastic_last_cycle_timestamp_seconds": ("gauge", "Unix time the last full cycle ended (alert when old)."),
+        "slurm_elastic_job_gpus": ("gauge", "GPUs of each elastic job (running, starting or being resized), by "
+                                   "job_id (not job: Prometheus' own target label), user and status."),
+        "slurm_elastic_job_batch": ("gauge", "Global batch size of each running elastic job, by job_id."),
     }
 
     def __init__(self):
@@ -62,6 +68,15 @@ def _escape(v: str) -> str:
     control character replaced, so a value from a user cannot break the exposition."""
     v = v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
     return "".join(c if c.isprintable() or c == " " else "\ufffd" for c in v)
+
+
+def metric_names(text: str) -> set[str]:
+    """The metric names a rendering (the Prometheus text format) carries."""
+    names = set()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            names.add(line.split("{", 1)[0].split(" ", 1)[0])
+    return names
 
 
 class MetricsServer:
