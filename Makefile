@@ -32,3 +32,12 @@ chroot: setup
 # Record squeue/nodes JSON from every Slurm version of this machine (host + chroot) into tests/fixtures/.
 capture-fixtures: setup
 	$(VENV)/bin/python scripts/capture_fixtures.py --slurm all
+
+# Site install (docs/INSTALL.md): venv at /opt/slurm-elastic, CLI in /usr/local/bin, unit, plugin,
+# templates, dashboard, /etc/slurm/elastic.toml. Run as root; SITE_ARGS passes options (--help).
+.PHONY: install-site doctor
+install-site:
+	BUILD_PYTHON=$(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3) bash scripts/install-site.sh $(SITE_ARGS)
+
+doctor:
+	$(SE) doctor

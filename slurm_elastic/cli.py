@@ -7,6 +7,7 @@ numba or torch imports it does not need.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 

@@ -1,7 +1,9 @@
 """plugins/job_submit_elastic.lua loaded into a real slurmctld, exercised through sbatch and scontrol."""
 
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -111,3 +113,103 @@ def test_a_user_cannot_release_their_own_held_elastic_job_nor_forge_a_decision(l
     # A plain job of the same user is not affected by the plugin.
     plain = sbatch(lua_cluster, None, "--hold", user="nobody")
     assert run_as(lua_cluster, "nobody", "/usr/bin/scontrol", "release", str(plain)).returncode == 0
+
+
+# ----- the site install and slurm-elastic doctor on this cluster (issue 22; docs/INSTALL.md) ---------------
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _doctor(cluster, config_path):
+    env = {**cluster.env, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "doctor", "--config", str(config_path)],
+                          env=env, capture_output=True, text=True, timeout=180, check=False)
+
+
+def test_doctor_passes_this_cluster_and_fails_a_world_writable_state_dir(lua_cluster, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o755)
+    cfg = tmp_path / "elastic.toml"
+    cfg.write_text(f'state_dir = "{state}"\n')
+    r = _doctor(lua_cluster, cfg)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines() if line[:4] in ("OK  ", "WARN", "FAIL")}
+    for name in ("slurm", "requeue", "job_submit", "gres", "preemption", "root_jobs", "restart", "state_dir", "munge",
+                 "tools", "backend"):
+        assert lines.get(name) == "OK", (name, r.stdout)
+    assert "8 GPUs on 2 nodes" in r.stdout
+    os.chmod(state, 0o777)
+    r = _doctor(lua_cluster, cfg)
+    assert r.returncode == 1 and "FAIL  state_dir" in r.stdout and f"chmod go-w {state}" in r.stdout
+
+
+def test_site_install_from_the_wheel_runs_status_as_an_unprivileged_user(lua_cluster):
+    """install-site.sh builds the wheel, makes a venv outside the checkout from the system Python (mode 755
+    all the way), installs the wheel with --no-index (nothing downloaded) and puts the CLI, unit, plugin,
+    templates and config in place; a useradd'ed user then runs `slurm-elastic status` from it."""
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no system /usr/bin/python3 to make the site venv from")
+    root = Path(tempfile.mkdtemp(prefix="se-site-"))  # every path component open to others (pytest's tmp is 700)
+    os.chmod(root, 0o755)
+    try:
+        _install_and_run_status(lua_cluster, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _install_and_run_status(lua_cluster, root):
+    import pwd
+
+    import click
+    import numpy
+
+    r = subprocess.run(["bash", str(REPO / "scripts" / "install-site.sh"), "--root", str(root), "--no-deps",
+                        "--extras", "", "--pip-args", "--no-index"],
+                       env={**os.environ, "BUILD_PYTHON": sys.executable}, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    venv = root / "opt" / "slurm-elastic"
+    for f in ("usr/local/bin/slurm-elastic", "etc/systemd/system/slurm-elastic.service", "etc/slurm/elastic.toml",
+              "usr/share/slurm-elastic/job_submit_elastic.lua", "usr/share/slurm-elastic/sbatch_templates/elastic.sbatch",
+              "usr/share/slurm-elastic/grafana/slurm-elastic.json", "usr/share/doc/slurm-elastic/INSTALL.md"):
+        assert (root / f).exists(), f
+    # status needs click and numpy (the state DB's module): the venv sees copies of the installed ones
+    # (--no-deps; nothing is downloaded), wherever this checkout's venv lives (perhaps in a 700 home)
+    deps = root / "deps"
+    for mod in (click, numpy):
+        src = Path(mod.__file__).parent
+        for name in (src.name, f"{src.name}.libs"):  # numpy's wheel keeps its OpenBLAS in numpy.libs
+            if (src.parent / name).is_dir():
+                shutil.copytree(src.parent / name, deps / name)
+    (next(venv.glob("lib/python3*/site-packages")) / "deps.pth").write_text(f"{deps}\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(deps)], check=True)
+    user = "sesite1"  # status prints 8 characters of a user name
+    created = False
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user],
+                       check=True, capture_output=True, timeout=30)
+        created = True
+    try:
+        jid = sbatch(lua_cluster, GOOD, "--requeue", "-J", "siteinst", user=user)
+        env = {**lua_cluster.env, "HOME": "/", "PATH": f"{root}/usr/local/bin:/usr/bin:/bin"}
+        env.pop("PYTHONPATH", None)
+        runuser = shutil.which("runuser") or "/usr/sbin/runuser"  # before PATH below narrows to the install
+        where = subprocess.run([runuser, "-u", user, "--", str(venv / "bin" / "python"), "-c",
+                                "import slurm_elastic; print(slurm_elastic.__file__)"],
+                               env=env, capture_output=True, text=True, timeout=60, check=False, cwd="/")
+        assert where.returncode == 0 and where.stdout.startswith(str(venv)), where.stdout + where.stderr
+        st = subprocess.run([runuser, "-u", user, "--", "slurm-elastic", "status"], env=env, capture_output=True,
+                            text=True, timeout=60, check=False, cwd="/")
+        print(st.stdout)
+        assert st.returncode == 0, st.stdout + st.stderr
+        rows = [line.split() for line in st.stdout.splitlines()]
+        assert rows[0][:4] == ["JOBID", "PARTITION", "NAME", "USER"], st.stdout
+        assert [str(jid), "gpu", "siteinst", user, "PD"] in [r[:5] for r in rows], st.stdout
+    finally:
+        subprocess.run(["/usr/bin/scancel", "-n", "siteinst"], env=lua_cluster.env, capture_output=True,
+                       timeout=30, check=False)
+        if created:
+            subprocess.run(["userdel", user], capture_output=True, timeout=30, check=False)
