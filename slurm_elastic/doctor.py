@@ -47,6 +47,7 @@ class SiteFacts:
     plugin_path: str = ""  # job_submit.lua next to slurm.conf
     plugin_text: str | None = None  # its text (None: no such file)
     shipped_plugin_text: str | None = None  # the plugin this install ships
+    shipped_plugin_path: str = ""  # where it is
     daemon_config: object | None = None  # DaemonConfig
     daemon_config_error: str = ""
     config_path: str = ""
@@ -102,7 +103,7 @@ def check_plugin(f: SiteFacts) -> Check:
     c = f.slurm_config or {}
     names = submit_plugins(c)
     conf = "JobSubmitPlugins=" + ",".join(["lua", *[n for n in names if n != "lua"]])
-    install = f"copy the plugin ({_shipped_hint()}) to {f.plugin_path or 'job_submit.lua next to slurm.conf'}"
+    install = f"cp {_shipped(f)} {f.plugin_path or 'job_submit.lua next to slurm.conf'}"
     if "lua" not in names:
         return Check("job_submit", WARN, f"JobSubmitPlugins={c.get('JobSubmitPlugins', '(null)')}: elastic jobs "
                      "are not held at submit (they start at their submitted size until the daemon's next cycle) "
@@ -113,15 +114,15 @@ def check_plugin(f: SiteFacts) -> Check:
                      "missing", install)
     if PLUGIN_MARK not in f.plugin_text:
         return Check("job_submit", WARN, f"{f.plugin_path} is not slurm-elastic's plugin (a site plugin?)",
-                     f"merge slurm-elastic's slurm_job_submit/slurm_job_modify into it ({_shipped_hint()})")
+                     f"merge slurm_job_submit/slurm_job_modify of {_shipped(f)} into it")
     if f.shipped_plugin_text is not None and _plugin_body(f.plugin_text) != _plugin_body(f.shipped_plugin_text):
         return Check("job_submit", WARN, f"{f.plugin_path} differs from the plugin of this install",
                      f"{install} (keep your DAEMON_UIDS line), scontrol reconfigure")
     return Check("job_submit", OK, f"lua loaded, {f.plugin_path} is this install's plugin")
 
 
-def _shipped_hint() -> str:
-    return "`python -m slurm_elastic.sitefiles` shows where: plugin"
+def _shipped(f: SiteFacts) -> str:
+    return f.shipped_plugin_path or "/usr/share/slurm-elastic/job_submit_elastic.lua"
 
 
 def plugin_requires_requeue(f: SiteFacts) -> bool:

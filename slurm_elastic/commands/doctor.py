@@ -23,6 +23,7 @@ from slurm_elastic.daemon.config import DEFAULT_PATH, DEFAULTS, ConfigError, loa
 
 MAX_PLUGIN_BYTES = 1 << 20
 DEFAULT_MUNGE_SOCKET = "/run/munge/munge.socket.2"
+SHARED_PLUGIN = Path("/usr/share/slurm-elastic/job_submit_elastic.lua")  # where install-site.sh puts it
 
 
 def _read_bounded(path: Path) -> str | None:
@@ -99,10 +100,13 @@ def gather(config_path: str | None) -> rules.SiteFacts:
         f.slurm_config = cli.slurm_config()
     except SlurmError as e:
         f.slurm_error = str(e)
-    try:
-        f.shipped_plugin_text = site_file("plugin").read_text()
-    except (OSError, FileNotFoundError):
-        f.shipped_plugin_text = None
+    for shipped in (SHARED_PLUGIN, None):  # install-site.sh's copy, else the package's own
+        try:
+            path = shipped or site_file("plugin")
+            f.shipped_plugin_text, f.shipped_plugin_path = path.read_text(), str(path)
+            break
+        except OSError:
+            continue
     if f.slurm_config is not None:
         conf = f.slurm_config.get("SLURM_CONF") or os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
         f.plugin_path = str(Path(conf).parent / "job_submit.lua")

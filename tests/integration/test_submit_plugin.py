@@ -208,6 +208,14 @@ def _install_and_run_status(lua_cluster, root):
         rows = [line.split() for line in st.stdout.splitlines()]
         assert rows[0][:4] == ["JOBID", "PARTITION", "NAME", "USER"], st.stdout
         assert [str(jid), "gpu", "siteinst", user, "PD"] in [r[:5] for r in rows], st.stdout
+        # and with the daemon's state DB (root's, mode 0644 in a 0755 directory, as the daemon makes it)
+        from slurm_elastic.daemon.state import StateDB
+
+        StateDB(root / "var-lib-slurm-elastic").close()
+        st = subprocess.run([runuser, "-u", user, "--", "slurm-elastic", "status", "--history", "--state-dir",
+                             str(root / "var-lib-slurm-elastic")], env=env, capture_output=True, text=True, timeout=60,
+                            check=False, cwd="/")
+        assert st.returncode == 0 and "unknown" not in st.stderr, st.stdout + st.stderr
     finally:
         subprocess.run(["/usr/bin/scancel", "-n", "siteinst"], env=lua_cluster.env, capture_output=True,
                        timeout=30, check=False)
