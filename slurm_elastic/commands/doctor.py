@@ -126,7 +126,8 @@ def gather(config_path: str | None) -> rules.SiteFacts:
         f.munge = probe_munge(DEFAULT_MUNGE_SOCKET)
     f.state_dir = _state_dir_facts(cfg.state_dir)
     try:
-        backend, why = choose_backend(cfg.backend, cli)
+        # the same choice as the daemon's (the import probed in a child), without loading pyslurm here
+        backend, why = choose_backend(cfg.backend, cli, factory=lambda c: "pyslurm")
         f.backend = ("cli" if backend is cli else "pyslurm", why)
     except SlurmError as e:
         f.backend = ("", str(e))
