@@ -176,3 +176,31 @@ def test_submit_plugins_and_partition_fields():
     assert d.submit_plugins({"JobSubmitPlugins": "(null)"}) == []
     text = (FIX / "doctor-22.05" / "partitions_good.txt").read_text()
     assert d.partition_fields(text)["gpu"]["DisableRootJobs"] == "NO"
+
+
+def test_the_commands_fact_gathering_helpers(tmp_path):
+    from slurm_elastic.commands.doctor import (
+        DEFAULT_MUNGE_SOCKET,
+        _read_bounded,
+        _state_dir_facts,
+        munge_socket,
+    )
+
+    config = parse_config((FIX / "doctor-22.05" / "config_good.txt").read_text())
+    assert munge_socket(config).endswith("/good/munge/munge.socket")
+    assert munge_socket({"AuthInfo": "(null)"}) == DEFAULT_MUNGE_SOCKET
+    real = tmp_path / "job_submit.lua"
+    real.write_text(PLUGIN)
+    link = tmp_path / "link.lua"
+    link.symlink_to(real)
+    assert _read_bounded(real) == PLUGIN
+    assert _read_bounded(tmp_path / "none.lua") is None
+    assert _read_bounded(link).startswith("-- unreadable")  # never through a symlink
+    assert _state_dir_facts(str(tmp_path / "none")) == {"exists": False}
+    d = tmp_path / "state"
+    d.mkdir()
+    os.chmod(d, 0o750)
+    facts_ = _state_dir_facts(str(d))
+    assert facts_["is_dir"] and not facts_["is_symlink"] and facts_["mode"] == 0o750
+    (tmp_path / "state-link").symlink_to(d)
+    assert _state_dir_facts(str(tmp_path / "state-link"))["is_symlink"]
