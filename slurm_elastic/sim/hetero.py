@@ -68,7 +68,7 @@ def type_models(w: WorkloadJob, model) -> dict:
     return {t: sia_model(w.spec.profile, t) for _, _, t in SIA_CLUSTER}
 
 
-def profiled_model_for_type(record, spec, model, gpu_type):
+def profiled_model_for_type(record, spec, model, gpu_type, home=""):
     """What a ``profiled`` run tells the policy: the job's measured table on that type."""
     return sia_model_on_type(model, gpu_type)
 
