@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import lru_cache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -400,8 +401,13 @@ def held_wrong(backend: SimulatedSlurm, held: dict[int, list[float]], cfg: SimCo
             h[0] = -1.0
 
 
+@lru_cache(maxsize=4096)
+def _spec_of(comment: str, job_id: int) -> ElasticSpec:
+    return parse_spec(comment, job_id)
+
+
 def _grow_pays(backend: SimulatedSlurm, j: SimJob, t: str, idle: int) -> bool:
-    spec = parse_spec(j.comment, j.job_id)
+    spec = _spec_of(j.comment, j.job_id)
     k = min(spec.max_gpus, j.gpus + idle)
     if k <= j.gpus:
         return False
