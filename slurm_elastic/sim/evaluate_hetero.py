@@ -249,6 +249,11 @@ Reading the table:
 - Known differences from Sia's simulator: its step times are scaled by per-model slowdowns (cifar10
   1.8, ncf 1.5, others 1.2) that this simulator does not apply; its throughput interpolation and
   placement rules are its own; no profiling cost is charged to `:profiled` runs.
+
+Regenerate: `python -m slurm_elastic.sim.evaluate_hetero --cache /tmp/hetero-cache` (48 runs over 2
+processes; one run takes 6-12 s of an idle core, so about 4 minutes; 20 minutes on the shared 2-core
+machine at load 15). One workload and two policies, printed only:
+`python -m slurm_elastic.sim.evaluate_hetero --workloads 1 --policies dp,sia --restart sia --no-write`.
 """
 
 
