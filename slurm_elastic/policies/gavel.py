@@ -105,7 +105,7 @@ class GavelPolicy(Policy):
         self._x = {}
         if not pairs:
             return
-        n, m = len(opts), len(pairs)
+        m = len(pairs)
         c = np.zeros(m + 1)
         c[-1] = -1.0  # maximise t
         rows, rhs = [], []

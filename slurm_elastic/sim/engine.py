@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import math
 import time
-from functools import lru_cache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from slurm_elastic import enact
 from slurm_elastic.backends.base import JobRecord

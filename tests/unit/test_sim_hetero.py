@@ -29,8 +29,8 @@ def _start(b, jid, gpus=4, gpu_type=None):
 
 
 def test_the_sia_tables_load_per_type_and_the_a100_is_faster_than_the_t4():
-    from slurm_elastic.profiles.pertype import SIA_CLUSTER, sia_model, sia_model_on_type
     from slurm_elastic.profiles.measured import pollux_model
+    from slurm_elastic.profiles.pertype import SIA_CLUSTER, sia_model, sia_model_on_type
 
     t4, a100 = sia_model("bert", "aws"), sia_model("bert", "dgx-ext")
     assert a100.samples_per_s(1, 1, 8) > 3 * t4.samples_per_s(1, 1, 8)
