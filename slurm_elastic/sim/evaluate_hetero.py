@@ -43,6 +43,18 @@ def _one(task):
     return task[:3], m
 
 
+def split_specs(text: str) -> list[str]:
+    """``dp,sia:profiled,dp:profiled,backoff=0`` -> ``[dp, sia:profiled, dp:profiled,backoff=0]``: a piece
+    with ``=`` or a knowledge word continues the policy spec before it."""
+    out: list[str] = []
+    for piece in filter(None, (x.strip() for x in text.split(","))):
+        if out and ("=" in piece or piece in ("profiled", "blind")) and ":" in out[-1]:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
 def _parse_nums(text: str) -> list[int]:
     out: list[int] = []
     for part in text.split(","):
@@ -64,7 +76,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     nums = _parse_nums(a.workloads)
     restarts = a.restart.split(",")
-    specs = {r: (a.policies.split(",") if a.policies else dict(DEFAULT_RUNS).get(r, ())) for r in restarts}
+    specs = {r: (split_specs(a.policies) if a.policies else dict(DEFAULT_RUNS).get(r, ())) for r in restarts}
     cache = Path(a.cache) if a.cache else None
     if cache:
         cache.mkdir(parents=True, exist_ok=True)

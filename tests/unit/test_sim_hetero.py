@@ -147,3 +147,13 @@ def test_the_harness_rewrites_only_its_section(tmp_path):
     text = doc.read_text()
     assert text.startswith("# Evaluation\n\nbefore\n") and text.count(BEGIN) == 1 and "two" in text
     assert "one" not in text and text.rstrip().endswith(END)
+
+
+def test_policy_specs_with_options_split_as_written():
+    from slurm_elastic.sim.evaluate_hetero import split_specs
+    from slurm_elastic.sim.hetero import parse_policy
+
+    assert split_specs("dp,sia,dp:profiled,backoff=0,tenure=0,gavel") == ["dp", "sia", "dp:profiled,backoff=0,tenure=0",
+                                                                          "gavel"]
+    assert parse_policy("dp:profiled,backoff=0")[1] == "profiled" and parse_policy("dp")[1] == "job"
+    assert parse_policy("sia")[1] == "profiled" and parse_policy("sia:blind")[1] == "job"
