@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -45,10 +45,10 @@ def _one(task):
 
 def split_specs(text: str) -> list[str]:
     """``dp,sia:profiled,dp:profiled,backoff=0`` -> ``[dp, sia:profiled, dp:profiled,backoff=0]``: a piece
-    with ``=`` or a knowledge word continues the policy spec before it."""
+    without ``:`` that has ``=`` or is a knowledge word continues the policy spec before it."""
     out: list[str] = []
     for piece in filter(None, (x.strip() for x in text.split(","))):
-        if out and ("=" in piece or piece in ("profiled", "blind")) and ":" in out[-1]:
+        if out and ":" not in piece and ("=" in piece or piece in ("profiled", "blind")) and ":" in out[-1]:
             out[-1] += "," + piece
         else:
             out.append(piece)
@@ -93,7 +93,13 @@ def main(argv=None) -> int:
                     todo.append((spec, n, r, a.data))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max(1, a.jobs)) as ex:
-        for key, m in ex.map(_one, todo):
+        futs = {ex.submit(_one, t): t for t in todo}
+        for fut in as_completed(futs):
+            try:
+                key, m = fut.result()
+            except Exception as e:  # one failed run is reported, the others go on
+                print(f"run {futs[fut][:3]} failed: {e!r}", file=sys.stderr, flush=True)
+                continue
             results[key] = m
             if cache:
                 (cache / (_key(*key) + ".json")).write_text(json.dumps(m))

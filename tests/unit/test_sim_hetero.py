@@ -155,5 +155,6 @@ def test_policy_specs_with_options_split_as_written():
 
     assert split_specs("dp,sia,dp:profiled,backoff=0,tenure=0,gavel") == ["dp", "sia", "dp:profiled,backoff=0,tenure=0",
                                                                           "gavel"]
+    assert split_specs("dp:a=1,b=2,dp:a=1") == ["dp:a=1,b=2", "dp:a=1"]
     assert parse_policy("dp:profiled,backoff=0")[1] == "profiled" and parse_policy("dp")[1] == "job"
     assert parse_policy("sia")[1] == "profiled" and parse_policy("sia:blind")[1] == "job"
