@@ -251,8 +251,8 @@ per job -- Sia 0.6 / 9.5 / 4.0, Pollux 1.0 / 14.9 / 5.6, Gavel (tuned jobs) 1.9 
 NOTES = """
 Reading the table:
 - *restarts/job*: requeues (resizes and preemptions) per job; the first start is not counted (it is
-  charged: the job holds its GPUs for its restart time before it trains, as in Sia's and Pollux's
-  simulators).
+  charged: the job holds its GPUs for its restart time before it trains, as Pollux's simulator
+  charges it; Sia's simulator builds on Pollux's).
 - *jobs moved (moves)*: jobs that started at least once on another type than their previous start, and
   all such starts, summed over the workloads. Today no policy moves a job: a running job is pinned to
   its pool (problem.py), and once started the job's gres type is pinned (planner `_pin`), so after a

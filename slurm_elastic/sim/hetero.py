@@ -15,7 +15,7 @@ starts on (``profiles.pertype``); what the policy *knows* per type is the run's 
 
 Restarts (``restart="sia"``): each job's spec carries its model's restart cost from Sia's simulator
 (cifar10 50 s, deepspeech2 25, bert 120, yolov3 80, imagenet 250, ncf 15), and its first start pays it
-too (``first_start_charge``), as there; ``restart="flat"``: 30 s for every job. Work: the goodput
+too (``first_start_charge``), as Pollux's simulator charges it (Sia's builds on Pollux's); ``restart="flat"``: 30 s for every job. Work: the goodput
 model following Pollux's gradient traces (as Sia's simulator).
 
 Figures per run (:func:`hetero_metrics`): average, p99 and longest JCT, restarts (requeues) per job,
