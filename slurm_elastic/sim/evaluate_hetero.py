@@ -264,6 +264,11 @@ Reading the table:
   (`policies/gavel.py`); `sia`: per-job normalised goodput summed (Sia's p = 1; its default p = -0.5 is
   not expressible across pools by the shared optimizer), Pollux's re-allocation factor as its restart
   penalty (`policies/sia.py`).
+- `dp:...restart_margin=1,tenure=0,backoff=0,round_trip=0` (when in the cache): `dp` with its rescale
+  stability rules off (a rescale charged only its restart over min(horizon, remaining time); the
+  one-type section's variant of the same name); with `:profiled` too, a rough view of what the two
+  fixes of issue 23 (a restart charge that scales with the gain; per-type speed known) are worth
+  together. Not defaults: measurements for the engineers changing them.
 - Known differences from Sia's simulator: its step times are scaled by per-model slowdowns (cifar10
   1.8, ncf 1.5, others 1.2) that this simulator does not apply; its throughput interpolation and
   placement rules are its own; no profiling cost is charged to `:profiled` runs.
