@@ -337,8 +337,10 @@ def run_cycle(
     job_info=None,
     left_alone: Mapping[int, str] | None = None,
     partition_limits: Mapping | None = None,
+    model_for_type=None,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
+    ``model_for_type``: a job's model per GPU type (problem.build_problem's; None: its default rule).
 
     Jobs the planner will not resize this cycle (in flight, released but not started, in their
     rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on
@@ -365,6 +367,7 @@ def run_cycle(
         job_info=job_info,
         left_alone=left_alone,
         partition_limits=partition_limits,
+        **({"model_for_type": model_for_type} if model_for_type is not None else {}),
     )
     if snap.node_size <= 0 and snap.problem.jobs:
         # Seen live (pyslurm, right after a slurmctld restart): nodes listed with GPUs but none of the
