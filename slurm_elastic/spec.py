@@ -52,6 +52,7 @@ def system_dir_of(path: str) -> str | None:
             return d
     return None
 _INT_RE = re.compile(r"^[0-9]{1,15}$")
+_PARTS_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}(\+[A-Za-z0-9_.\-]{1,64}){0,31}$")
 _FLOAT_RE = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?$")
 
 
@@ -476,11 +477,19 @@ class Decision:
     local_batch: int
     accum: int = 1
     seq: int = 0  # increases with every decision for this job, so a job can tell a stale one
+    # The partitions the job was submitted to, when the daemon pinned it to one of them (issue 23: a job
+    # moved between GPU types may go back; Slurm then shows only the pinned one). Root-only AdminComment.
+    parts: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.parts, tuple):  # read back from JSON (daemon/state.py): a list
+            object.__setattr__(self, "parts", tuple(self.parts))
 
     def to_admin_comment(self) -> str:
         return (
             f"{DECISION_PREFIX}gpus={self.gpus},nodes={self.nodes},batch={self.batch},"
             f"local_batch={self.local_batch},accum={self.accum},seq={self.seq}"
+            + (f",parts={'+'.join(self.parts)}" if self.parts else "")
         )
 
     def with_seq(self, seq: int) -> Decision:
@@ -492,9 +501,12 @@ def parse_decision(admin_comment: str | None, job_id: int | str | None = None) -
     if not admin_comment or not admin_comment.strip().startswith(DECISION_PREFIX):
         return None
     body = admin_comment.strip()[len(DECISION_PREFIX):]
-    values: dict[str, int] = {}
+    values: dict = {}
     for item in body.split(","):
         key, sep, value = item.partition("=")
+        if sep and key == "parts" and _PARTS_RE.match(value):
+            values["parts"] = tuple(value.split("+"))
+            continue
         if not sep or key not in ("gpus", "nodes", "batch", "local_batch", "accum", "seq"):
             raise SpecError(f"bad decision item {item!r}", job_id=job_id, field="admin_comment")
         if not _INT_RE.match(value):
