@@ -337,6 +337,8 @@ def run_cycle(
     job_info=None,
     left_alone: Mapping[int, str] | None = None,
     partition_limits: Mapping | None = None,
+    model_for_type=None,
+    note_nodes=None,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
 
@@ -345,6 +347,8 @@ def run_cycle(
     no GPUs the planner cannot move."""
     enactor.poll()
     jobs, nodes = backend.list_jobs(), backend.list_nodes()
+    if note_nodes is not None:
+        note_nodes(nodes)  # the GPU type of each node, for the job models (issue 23)
     if node_size is None and not any(n.gpus_total > 0 for n in nodes):
         # Seen live right after a slurmctld restart: nodes listed before they register, with no GPUs.
         # Planning on that would be planning on an empty cluster; skip the cycle as for a failed read.
@@ -365,6 +369,7 @@ def run_cycle(
         job_info=job_info,
         left_alone=left_alone,
         partition_limits=partition_limits,
+        **({"model_for_type": model_for_type} if model_for_type is not None else {}),
     )
     if snap.node_size <= 0 and snap.problem.jobs:
         # Seen live (pyslurm, right after a slurmctld restart): nodes listed with GPUs but none of the

@@ -291,6 +291,7 @@ class Daemon:
                                                 allow_preemption=cfg.allow_preemption),
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
                 left_alone=left_alone, partition_limits=self._partition_limits(),
+                model_for_type=self.models.model_for_type, note_nodes=self.models.note_nodes,
             )
         except SlurmError as e:
             return self._skip_cycle(e)

@@ -84,12 +84,15 @@ class TypeRatios:
         a, b = a.lower(), b.lower()
         if a == b or not (math.isfinite(ratio) and ratio > 0):
             return
-        d = self._by_job.setdefault(job_id, {})
+        d = self._by_job.pop(job_id, {})
+        self._by_job[job_id] = d  # the latest observed last
         d[(a, b)] = float(ratio)
         d.pop((b, a), None)
 
-    def forget(self, live) -> None:
-        self._by_job = {j: v for j, v in self._by_job.items() if j in live}
+    def keep_last(self, n: int) -> None:
+        """Keep the ``n`` jobs observed last (a bounded memory that outlives the jobs)."""
+        if len(self._by_job) > n:
+            self._by_job = dict(list(self._by_job.items())[-n:])
 
     def ratio(self, a: str, b: str) -> tuple[float, str] | None:
         """(speed on ``b`` / speed on ``a``, provenance), or None when nothing is known of the pair."""
