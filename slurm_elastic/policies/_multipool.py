@@ -494,7 +494,13 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     weights = np.where(req_opt[kp], kc - base[kp], c.weights[flat].astype(np.int64))
     keep_jobs = dp_k[take]
     capacity = int(c.capacity) + freed - int(base.sum())
-    sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
+    problem = c.problem
+    if freed:  # the jobs that move away leave their nodes here free (placement replays from them)
+        jobs = list(problem.jobs)
+        for k in dp_k[gone].tolist():
+            jobs[k] = _moved(jobs[k], jobs[k].model)
+        problem = replace(problem, jobs=tuple(jobs))
+    sub = replace(c, problem=problem, status=status, reasons=reasons, capacity=max(0, capacity),
                   dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
                   cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat],
                   factor=c.factor[take], gross=c.gross[flat] * sc)

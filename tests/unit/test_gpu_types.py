@@ -103,3 +103,11 @@ def test_decision_keeps_the_submitted_partitions():
     assert text.endswith(",parts=t4+a100") and parse_decision(text, 1) == d
     assert Decision(**{**d.__dict__, "parts": ["t4", "a100"]}) == d  # read back from JSON (a list)
     assert parse_decision(Decision(4, 1, 16, 4).to_admin_comment(), 1).parts == ()
+
+
+def test_a_move_frees_its_nodes_for_a_job_that_may_only_use_the_slow_type():
+    s = snap([rec(1, "RUNNING", nodes=("t1",)), rec(2, part="t4")])
+    alloc = DPPolicy().allocate(s.problem)
+    assert (alloc.jobs[1].pool, alloc.jobs[1].gpus) == ("a100:a100", 4)
+    assert (alloc.jobs[2].pool, alloc.jobs[2].gpus) == ("t4:t4", 4)  # on the GPUs job 1 leaves
+    assert alloc.bound is not None and alloc.objective <= alloc.bound + 1e-9
