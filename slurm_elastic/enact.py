@@ -341,6 +341,7 @@ def run_cycle(
     note_nodes=None,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
+    ``model_for_type``: a job's model per GPU type (problem.build_problem's; None: its default rule).
 
     Jobs the planner will not resize this cycle (in flight, released but not started, in their
     rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on

@@ -184,16 +184,19 @@ class SpecCache:
     def decision(self, admin_comment: str, job_id) -> Decision | None:
         return self._parsed(self._dec, admin_comment, lambda: parse_decision(admin_comment, job_id), job_id)
 
-    def running_samples_per_s(self, model: ThroughputModel, spec: ElasticSpec, gpus: int, batch: int, size: int) -> float:
-        """Throughput of ``spec`` on ``gpus`` GPUs at global ``batch`` (0 when the batch cannot run there)."""
-        key = (model, spec, gpus, batch, size)
+    def running_samples_per_s(self, model: ThroughputModel, spec: ElasticSpec, gpus: int, batch: int, size: int,
+                              nodes: int = 0) -> float:
+        """Throughput of ``spec`` on ``gpus`` GPUs at global ``batch`` (0 when the batch cannot run there);
+        ``nodes``: the nodes it runs on (0: as ``spec.placement`` puts it on nodes of ``size``; a job on
+        nodes of another size than the problem's, in a pool of its own, needs its own count)."""
+        key = (model, spec, gpus, batch, size, nodes)
         v = self._sps.get(key)
         if v is None:
             split = spec.split_batch(gpus, batch)
             if split is None:
                 v = 0.0
             else:
-                n, _ = spec.placement(gpus, size) if size else (1, gpus)
+                n, _ = (nodes, 0) if nodes else spec.placement(gpus, size) if size else (1, gpus)
                 v = model.samples_per_s(gpus, n, split[0], split[1])
             if len(self._sps) >= self.max_size:
                 self._sps.clear()
@@ -521,7 +524,7 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
         status, gpus, batch = PENDING, 0, None
     sps = 0.0
     if status == RUNNING and gpus > 0:
-        sps = cache.running_samples_per_s(model, spec, gpus, batch, size) if batch else 0.0
+        sps = cache.running_samples_per_s(model, spec, gpus, batch, size, r.node_count) if batch else 0.0
     age = max(0.0, now - r.submit_time) if r.submit_time is not None else None
     wait = age if (status == PENDING and age is not None) else 0.0
     measured_restart = getattr(model, "restart_s", None)

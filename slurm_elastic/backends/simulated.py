@@ -26,6 +26,9 @@ It behaves like the parts of Slurm the daemon uses, and models what a job does:
   one uniform partition; a job runs only on nodes of one group that is in one of its partitions and
   of its GPU type ("" = any), and an elastic job on a Gavel table runs at its type's table there
   (``profiles.gavel.model_on_type``). ``drain(node)`` takes a node out of scheduling (its jobs run on).
+- **Issue 23**: a job may carry its true model per GPU type (``type_models``, e.g. the Sia tables):
+  it runs at that type's speed wherever it starts, whatever the policy knows. A start on another type
+  than the job's last start is a *move* (``moves``); GPU-seconds are kept per type (``gpu_s_by_type``).
 
 The clock only moves through :meth:`advance_to`, which processes the internal events (start-up done,
 checkpoint written, job complete) in time order. Time integrals (GPU-seconds in use, GPU-seconds
@@ -109,6 +112,12 @@ class SimJob:
     local_batch: int = 0
     accum: int = 1
     size_history: list[tuple[float, int, int]] = field(default_factory=list)  # (time, gpus, batch)
+    # Heterogeneous runs: the job's true model per GPU type (the speed it runs at there; the policy may
+    # know less), the type of its last start, starts on another type than the last, GPU-seconds by type.
+    type_models: dict | None = None
+    last_type: str | None = None
+    moves: int = 0
+    gpu_s_by_type: dict = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -189,6 +198,7 @@ class SimulatedSlurm(SlurmBackend):
         startup_s: float | None = None,
         partition: str | None = None,
         gpu_type: str = "",
+        type_models: dict | None = None,
     ) -> int:
         if (total_samples is None) == (duration_s is None):
             raise ValueError("a simulated job needs exactly one of total_samples (elastic) or duration_s")
@@ -220,6 +230,7 @@ class SimulatedSlurm(SlurmBackend):
             restart_s=self.restart_s if restart_s is None else restart_s,
             startup_s=self.startup_s if startup_s is None else startup_s,
             last_update=self.now,
+            type_models=type_models,
         )
         self.jobs[job_id] = j
         self.active[job_id] = j
@@ -297,6 +308,10 @@ class SimulatedSlurm(SlurmBackend):
         j.acked = False
         if j.first_start is None:
             j.first_start = self.now
+        t = self.node_type[nodes[0]] if nodes else ""
+        if j.last_type is not None and t != j.last_type:
+            j.moves += 1
+        j.last_type = t
         if not j.elastic:
             j.phase = TRAINING
             self._push(self.now + j.duration_s, j, "done")
@@ -371,17 +386,25 @@ class SimulatedSlurm(SlurmBackend):
             if split is None:
                 raise SlurmError(f"job {j.job_id}: requested batch {b} cannot run on {j.gpus} GPUs")
             j.batch, j.local_batch, j.accum = b, split[0], split[1]
-        model = j.model
-        if j.nodes and self.node_type[j.nodes[0]]:
-            from slurm_elastic.profiles.gavel import model_on_type
-
-            model = model_on_type(j.model, self.node_type[j.nodes[0]]) or j.model
+        model = self.true_model(j)
         rate = model.samples_per_s(j.gpus, j.num_nodes, j.local_batch, j.accum)
         if j.grad_trace is not None:
             rate *= j.grad_trace.efficiency(j.batch, j.processed)
         elif j.efficiency is not None:
             rate *= float(np.asarray(j.efficiency(np.array([float(j.batch)])))[0])
         return rate
+
+    def true_model(self, j: SimJob, gpu_type: str | None = None) -> ThroughputModel:
+        """The speed ``j`` runs at on ``gpu_type`` (default: the type of its nodes): its per-type table
+        when it has one, else a Gavel table of that type (profiles.gavel.model_on_type), else its model."""
+        t = gpu_type if gpu_type is not None else (self.node_type[j.nodes[0]] if j.nodes else "")
+        if not t:
+            return j.model
+        if j.type_models and t in j.type_models:
+            return j.type_models[t]
+        from slurm_elastic.profiles.gavel import model_on_type
+
+        return model_on_type(j.model, t) or j.model
 
     def _on_ack(self, j: SimJob) -> None:
         self._changed(j)
@@ -395,6 +418,8 @@ class SimulatedSlurm(SlurmBackend):
             self._node_recs[n] = None
         self.in_use -= j.gpus
         self._nodes_cache = None
+        t = self.node_type[j.nodes[0]] if j.nodes else ""
+        j.gpu_s_by_type[t] = j.gpu_s_by_type.get(t, 0.0) + j.gpus * (self.now - j.run_start)
         j.gpu_s += j.gpus * (self.now - j.run_start)
         j.run_s += self.now - j.run_start
         j.nodes = []

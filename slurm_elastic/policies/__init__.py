@@ -6,12 +6,14 @@
 * ``fixed-batch`` -- elastic GPU count at the requested batch, greedy as Optimus (:mod:`.fixed_batch`);
 * ``static`` -- FIFO gang scheduling at the requested GPUs and batch, never resized (:mod:`.static`);
 * ``pollux-dp`` -- Pollux's objective (goodput, p-norm p=-1, Pollux's re-allocation factor) solved by our DP (:mod:`.pollux`);
-* ``tiresias`` -- Tiresias's 2D-LAS, rigid sizes, preemptive (:mod:`.tiresias`).
+* ``tiresias`` -- Tiresias's 2D-LAS, rigid sizes, preemptive (:mod:`.tiresias`);
+* ``sia`` -- Sia's objective (per-job normalised goodput across GPU types) solved by our optimizer (:mod:`.sia`);
+* ``gavel`` -- Gavel's heterogeneity-aware max-min fairness, rigid sizes, rounds (:mod:`.gavel`).
 """
 
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, JobRequest, Policy
 
-POLICY_NAMES = ("dp", "fixed-batch", "static", "pollux-dp", "tiresias")
+POLICY_NAMES = ("dp", "fixed-batch", "static", "pollux-dp", "tiresias", "sia", "gavel")
 
 __all__ = ["Allocation", "AllocationProblem", "JobAllocation", "JobRequest", "Policy", "POLICY_NAMES", "get_policy"]
 
@@ -40,4 +42,12 @@ def get_policy(name: str, **options) -> Policy:
         from slurm_elastic.policies.tiresias import TiresiasPolicy
 
         return TiresiasPolicy(**options)
+    if key == "sia":
+        from slurm_elastic.policies.sia import SiaPolicy
+
+        return SiaPolicy(**options)
+    if key == "gavel":
+        from slurm_elastic.policies.gavel import GavelPolicy
+
+        return GavelPolicy(**options)
     raise KeyError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")

@@ -31,9 +31,11 @@ from slurm_elastic.profiles.base import ThroughputModel
 # 1.82. Gavel's (OSDI'20, seven models) against its v100: k80 0.28, p100 0.86 -> 0.50 and 1.56 here.
 # The spread across models is wide (a100: 0.94x for ncf to 4.07x for bert): a job's own reports and the
 # cluster's ratios replace this prior as soon as they exist.
+# Sia's own cluster names are aliases: aws (T4), rtx (2080Ti), quad (Quadro), azure 0.99, dgx (V100),
+# dgx-ext (A100).
 TYPE_SPEED: Mapping[str, float] = {
-    "k80": 0.50, "t4": 1.0, "rtx": 1.12, "rtx2080ti": 1.12, "2080ti": 1.12, "quadro": 1.44, "quad": 1.44,
-    "p100": 1.56, "a100": 1.79, "v100": 1.82, "dgx": 1.82,
+    "k80": 0.50, "t4": 1.0, "aws": 1.0, "azure": 0.99, "rtx": 1.12, "rtx2080ti": 1.12, "2080ti": 1.12,
+    "quadro": 1.44, "quad": 1.44, "p100": 1.56, "a100": 1.79, "dgx-ext": 1.79, "v100": 1.82, "dgx": 1.82,
 }
 ANCHOR = "t4"
 PRIOR_WEIGHT = 2.0  # the prior ratio counts as this many jobs against the cluster's own ratios

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import lru_cache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -64,6 +65,12 @@ class SimConfig:
     # Issue 13: node groups (count, GPUs per node, partition, GPU type) instead of nodes x gpus_per_node
     # in one partition (gpus_per_node still shapes rigid jobs); see backends/simulated.py.
     groups: tuple[tuple[int, int, str, str], ...] | None = None
+    # Issue 23: the first start costs the job's rescale total (no progress on its GPUs), as in Pollux's
+    # and Sia's simulators; False: it costs ``startup_s`` (0 by default: free).
+    first_start_charge: bool = False
+    # Issue 23: track running elastic jobs held at a size their true gain says is wrong while GPUs sit
+    # idle (see ``held_wrong``); None: not tracked.
+    held_bound_s: float | None = None
 
     @property
     def rescale_cost_s(self) -> float:
@@ -89,6 +96,9 @@ class JobOutcome:
     lost_gpu_s: float
     gpu_s: float
     sizes: list[tuple[float, int, int]]
+    moves: int = 0  # starts on another GPU type than the job's last start
+    gpu_s_by_type: dict = field(default_factory=dict)
+    held_wrong_s: float = 0.0  # longest stretch held at a size its gain says is wrong (held_bound_s runs)
 
     @property
     def jct_s(self) -> float | None:
@@ -123,7 +133,12 @@ class Simulation:
         config: SimConfig = SimConfig(),
         *,
         model_for_job: Callable[[WorkloadJob], ThroughputModel] | None = None,
+        type_models_for_job: Callable[[WorkloadJob, ThroughputModel], dict] | None = None,
+        model_for_type=None,
     ):
+        """``model_for_job``: the job's model (what the policy sees, and its speed on untyped nodes);
+        ``type_models_for_job``: its true model per GPU type (what it runs at there); ``model_for_type``:
+        what the policy is told per type (problem.build_problem's rule; None: the daemon's default)."""
         self.workload = sorted(workload, key=lambda j: j.arrival_s)
         self.policy = policy
         if getattr(policy, "rigid", False) and config.planner.start_smaller:
@@ -133,6 +148,8 @@ class Simulation:
             config = replace(config, planner=replace(config.planner, allow_preemption=True))
         self.config = config
         self._model_for_job = model_for_job or (lambda w: model_for_spec(w.spec, config.gpus_per_node))
+        self._type_models_for_job = type_models_for_job
+        self._model_for_type = model_for_type
 
     @staticmethod
     def _grad_trace(model: ThroughputModel):
@@ -209,6 +226,7 @@ class Simulation:
         stopped = "done"
         stop_at = min(cfg.horizon_s if cfg.horizon_s is not None else math.inf, cfg.max_time_s)
         idle_cycles = 0
+        held: dict[int, list[float]] = {}  # job -> [stretch start, longest stretch] (held_bound_s runs)
         planned_gpu_s = placed_gpu_s = 0.0
         last_cycle = None
         while True:
@@ -231,10 +249,15 @@ class Simulation:
                     if spec.restart_s is not None:  # the job's own rescale cost, split as the defaults are
                         share = cfg.checkpoint_s / cfg.rescale_cost_s if cfg.rescale_cost_s > 0 else 0.0
                         ck, rs = spec.restart_s * share, spec.restart_s * (1.0 - share)
+                    first = None
+                    if cfg.first_start_charge:  # the first start pays the job's whole rescale cost
+                        first = spec.restart_s if spec.restart_s is not None else cfg.rescale_cost_s
                     jid = backend.submit(
                         name=w.name, gpus_per_node=gpn, num_nodes=nodes, comment=spec.to_comment(), user=w.user,
                         total_samples=w.total_samples, model=model, checkpoint_s=ck, restart_s=rs,
                         grad_trace=self._grad_trace(model) if cfg.work_model == "goodput" else None,
+                        startup_s=first,
+                        type_models=self._type_models_for_job(w, model) if self._type_models_for_job else None,
                     )
                     models[jid] = model
                 else:
@@ -249,8 +272,10 @@ class Simulation:
                 res = enact.run_cycle(  # the daemon's cycle
                     backend, self.policy, enactor, state, model_for=model_for, now=backend.now,
                     planner_config=cfg.planner, default_restart_s=cfg.rescale_cost_s,
-                    horizon_s=cfg.plan_horizon_s, job_info=job_info,
+                    horizon_s=cfg.plan_horizon_s, job_info=job_info, model_for_type=self._model_for_type,
                 )
+                if cfg.held_bound_s is not None:
+                    held_wrong(backend, held, cfg)
                 if last_cycle is not None:
                     dt = backend.now - last_cycle[0]
                     planned_gpu_s += last_cycle[1] * dt
@@ -285,7 +310,8 @@ class Simulation:
                     name=w.name, elastic=w.elastic, arrival_s=w.arrival_s, start_s=j.first_start, end_s=j.end_time,
                     total_samples=w.total_samples, processed=processed, rescales=j.rescales,
                     lost_gpu_s=j.lost_gpu_s, gpu_s=j.gpu_s + (j.gpus * (backend.now - j.run_start) if j.nodes else 0.0),
-                    sizes=list(j.size_history),
+                    sizes=list(j.size_history), moves=j.moves,
+                    gpu_s_by_type=_by_type(backend, j), held_wrong_s=_longest(held.get(jid), j.end_time or backend.now),
                 )
             )
         for w in arrivals[ai:]:
@@ -331,3 +357,78 @@ def _planned_placed(res) -> tuple[int, int]:
         planned += a.gpus
         placed += min(a.gpus, got)
     return planned, placed
+
+
+def _by_type(backend: SimulatedSlurm, j: SimJob) -> dict:
+    out = dict(j.gpu_s_by_type)
+    if j.nodes:  # still running at the end of the run
+        t = backend.node_type[j.nodes[0]]
+        out[t] = out.get(t, 0.0) + j.gpus * (backend.now - j.run_start)
+    return out
+
+
+def _longest(h: list[float] | None, now: float) -> float:
+    if not h:
+        return 0.0
+    return max(h[1], (now - h[0]) if h[0] >= 0 else 0.0)
+
+
+def held_wrong(backend: SimulatedSlurm, held: dict[int, list[float]], cfg: SimConfig) -> None:
+    """Per cycle: which running elastic jobs are held at a size their true gain says is wrong.
+
+    A job is *held wrong* while GPUs of its type sit idle and growing onto them (up to its maximum, at
+    the batch that scales with it, on its true per-type speed and statistical efficiency) would save
+    more of its remaining time than one rescale costs: ``remaining / rate x (1 - rate / rate_grown) >
+    restart``. ``held[job] = [start of the current stretch (-1: none), longest stretch]``; a run counts
+    the jobs whose longest stretch exceeds ``cfg.held_bound_s`` (metrics)."""
+    idle_by_type: dict[str, int] = {}
+    for i, f in enumerate(backend.free):
+        if i not in backend.drained:
+            idle_by_type[backend.node_type[i]] = idle_by_type.get(backend.node_type[i], 0) + f
+    now = backend.now
+    for j in backend.elastic_active():
+        h = held.setdefault(j.job_id, [-1.0, 0.0])
+        wrong = False
+        if j.nodes and j.phase == "training" and j.rate > 0:
+            t = backend.node_type[j.nodes[0]]
+            idle = idle_by_type.get(t, 0)
+            if idle > 0:
+                wrong = _grow_pays(backend, j, t, idle)
+        if wrong and h[0] < 0:
+            h[0] = now
+        elif not wrong and h[0] >= 0:
+            h[1] = max(h[1], now - h[0])
+            h[0] = -1.0
+
+
+@lru_cache(maxsize=4096)
+def _spec_of(comment: str, job_id: int) -> ElasticSpec:
+    return parse_spec(comment, job_id)
+
+
+def _grow_pays(backend: SimulatedSlurm, j: SimJob, t: str, idle: int) -> bool:
+    spec = _spec_of(j.comment, j.job_id)
+    k = min(spec.max_gpus, j.gpus + idle)
+    if k <= j.gpus:
+        return False
+    model = backend.true_model(j, t)
+    size = max(backend.node_size[i] for i in range(len(backend.node_type)) if backend.node_type[i] == t)
+    best = 0.0
+    for b in {j.batch, min(spec.max_batch, j.batch * k // max(1, j.gpus))}:
+        split = spec.split_batch(k, b)
+        if split is None:
+            continue
+        try:
+            nodes = spec.placement(k, size)[0]
+        except ValueError:
+            continue
+        if model.max_gpus is not None and k > model.max_gpus:
+            continue
+        r = model.samples_per_s(k, nodes, split[0], split[1])
+        if j.grad_trace is not None:
+            r *= j.grad_trace.efficiency(b, backend.progress(j))
+        best = max(best, r)
+    if best <= j.rate:
+        return False
+    left = max(0.0, j.total_samples - backend.progress(j)) / j.rate
+    return left * (1.0 - j.rate / best) > j.checkpoint_s + j.restart_s

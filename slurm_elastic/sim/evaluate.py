@@ -64,7 +64,7 @@ def _policy(spec: str):
     name, _, opts = spec.partition(":")
     kw = {}
     for o in filter(None, opts.split(",")):
-        if o in ("noprogress", "trusting", "ownusers"):
+        if o in ("noprogress", "trusting", "ownusers", "freestart"):
             continue
         k, v = o.split("=")
         kw[k] = v
@@ -72,9 +72,12 @@ def _policy(spec: str):
 
 
 def goodput_config(spec: str) -> SimConfig:
-    """Pollux's simulator's setting: goodput work model following the traces, 30 s per re-allocation."""
+    """Pollux's simulator's setting: goodput work model following the traces, 30 s per re-allocation and
+    for the first start too (issue 23: Pollux's simulator charges it; ``:freestart``, the first start free,
+    as this simulator did before)."""
     return SimConfig(work_model="goodput", checkpoint_s=0.0, restart_s=30.0,
-                     report_progress="noprogress" not in spec, trust_claims="trusting" not in spec)
+                     report_progress="noprogress" not in spec, trust_claims="trusting" not in spec,
+                     first_start_charge="freestart" not in spec)
 
 
 def _alone_s(w, cfg: SimConfig) -> float:
@@ -94,7 +97,8 @@ def _alone_s(w, cfg: SimConfig) -> float:
         xs = np.linspace(0, w.total_samples, 41)[:-1] + w.total_samples / 80
         eff = float(np.mean([tr.efficiency(b, x) for x in xs]))
         rate *= eff
-    return w.total_samples / rate
+    first = (spec.restart_s if spec.restart_s is not None else cfg.rescale_cost_s) if cfg.first_start_charge else 0.0
+    return w.total_samples / rate + first
 
 
 def one_run(task) -> tuple:
@@ -202,9 +206,19 @@ def main(argv=None) -> int:
                 log(f"{key}: avg JCT {h(m['avg_jct_s'])} h ({m['sim_wall_s']:.0f} s)")
             # (all done: the with-block's own shutdown waits for the workers; shutting down without
             # waiting here left Python's exit hook writing to a closed pipe, "Bad file descriptor")
-    Path(args.out).write_text(document(results, (time.perf_counter() - t0) / 60))
+    Path(args.out).write_text(document(results, (time.perf_counter() - t0) / 60) + _kept_hetero(Path(args.out)))
     log(f"wrote {args.out}")
     return 0
+
+
+def _kept_hetero(path: Path) -> str:
+    """The heterogeneous section (``sim.evaluate_hetero`` writes it between its markers): kept as it is."""
+    from slurm_elastic.sim.evaluate_hetero import BEGIN, END
+
+    doc = path.read_text() if path.exists() else ""
+    if BEGIN in doc and END in doc:
+        return "\n" + doc[doc.index(BEGIN):doc.index(END) + len(END)] + "\n"
+    return ""
 
 
 def _mean(xs):
@@ -343,7 +357,8 @@ edit by hand. Every number comes from the simulator driving the daemon's own cod
 
 Setting (as Pollux's own simulator): 16 nodes x 4 GPUs, the Pollux traces of `../shared/data/pollux/`
 (`workloads/` 160 jobs, `workloads-2.0/` 320 jobs, 8 h of arrivals), scheduling interval {interval:g} s,
-30 s per re-allocation (GPUs held, no progress), rescale cooldown {cool:g} s. **Goodput work model**: a job
+30 s per re-allocation (GPUs held, no progress) and for a job's first start (as Pollux's simulator charges
+it; before issue 23 the first start was free here), rescale cooldown {cool:g} s. **Goodput work model**: a job
 must make N x epochs samples of progress at its app's initial batch B0; at batch b a sample is worth
 `(B_noise + B0) / (B_noise + b)` of one, with B_noise from the app's measured `grad_sqr`/`grad_var` at the
 job's current progress (`profiles.goodput.PolluxGradTrace`, as Pollux's simulator); the simulated job

@@ -40,7 +40,7 @@ def solve(jobs, gpus=16, node_size=4, policy="dp", **kw):
 
 
 def test_registry():
-    assert set(POLICY_NAMES) == {"dp", "fixed-batch", "static", "pollux-dp", "tiresias"}
+    assert set(POLICY_NAMES) == {"dp", "fixed-batch", "static", "pollux-dp", "tiresias", "sia", "gavel"}
     for name in POLICY_NAMES + ("fixed_batch",):
         assert get_policy(name).name in POLICY_NAMES
     with pytest.raises(KeyError, match="unknown policy"):

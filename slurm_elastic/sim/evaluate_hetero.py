@@ -1,0 +1,228 @@
+"""The heterogeneous section of docs/EVALUATION.md (issue 23): dp and its peers on Sia's cluster.
+
+    python -m slurm_elastic.sim.evaluate_hetero [--workloads 1-8] [--policies dp,sia,gavel]
+        [--restart sia,flat] [--jobs 2] [--cache DIR] [--no-write]
+
+Each run (one workload, one policy spec, one restart setting) goes through ``sim.hetero.run``: the
+daemon's cycle on Sia's 64-GPU, three-type cluster (``sim/hetero.py`` says what the policy knows and
+what the jobs run at). One line per run is printed as it finishes (``sim.hetero.summary_line``); the
+section between the ``hetero`` markers of docs/EVALUATION.md is rewritten from every result at hand
+(this run's and the cache's), leaving the rest of the document alone. A quick look at one run:
+
+    python -m slurm_elastic.sim.evaluate_hetero --workloads 1 --policies dp,sia --restart sia --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from slurm_elastic.sim import report
+from slurm_elastic.sim.hetero import SIA_DATA, WORKLOADS, run, summary_line
+
+REPO = Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- hetero:begin -->", "<!-- hetero:end -->"
+DEFAULT_RUNS = (("sia", ("dp", "dp:profiled", "sia", "gavel")), ("flat", ("dp", "sia")))
+# Sia's paper, Table 3 (heterogeneous 64 GPUs, Philly traces, mean over workloads), hours.
+PUBLISHED = {"Sia": (0.6, 9.5, 4.0), "Pollux": (1.0, 14.9, 5.6), "Gavel (tuned jobs)": (1.9, 30.0, 9.0)}
+
+
+def _key(spec: str, n: int, restart: str) -> str:
+    return f"{restart}_{spec}_{n}".replace(":", "-").replace("=", "-").replace(",", "-")
+
+
+def _one(task):
+    spec, n, restart, data = task
+    _, m = run(spec, n, restart=restart, data=data)
+    return task[:3], m
+
+
+def _parse_nums(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", default="1-8")
+    ap.add_argument("--policies", default=None, help="comma-separated policy specs (default: the document's set)")
+    ap.add_argument("--restart", default="sia,flat", help="sia (per-model, 15-250 s), flat (30 s), or both")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cache", default=None, help="folder of cached results (JSON), reused when present")
+    ap.add_argument("--data", default=str(SIA_DATA))
+    ap.add_argument("--out", default=str(REPO / "docs" / "EVALUATION.md"))
+    ap.add_argument("--no-write", action="store_true", help="print the runs only")
+    a = ap.parse_args(argv)
+    nums = _parse_nums(a.workloads)
+    restarts = a.restart.split(",")
+    specs = {r: (a.policies.split(",") if a.policies else dict(DEFAULT_RUNS).get(r, ())) for r in restarts}
+    cache = Path(a.cache) if a.cache else None
+    if cache:
+        cache.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    todo = []
+    for r in restarts:
+        for spec in specs[r]:
+            for n in nums:
+                f = cache / (_key(spec, n, r) + ".json") if cache else None
+                if f is not None and f.exists():
+                    results[(spec, n, r)] = json.loads(f.read_text())
+                    print(summary_line(results[(spec, n, r)]), "(cached)", flush=True)
+                else:
+                    todo.append((spec, n, r, a.data))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max(1, a.jobs)) as ex:
+        for key, m in ex.map(_one, todo):
+            results[key] = m
+            if cache:
+                (cache / (_key(*key) + ".json")).write_text(json.dumps(m))
+            print(summary_line(m), flush=True)
+    print(f"{len(todo)} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if cache:  # the document is written from everything cached as well
+        for f in cache.glob("*.json"):
+            m = json.loads(f.read_text())
+            results.setdefault((m["policy_spec"], m["workload"], m["restart"]), m)
+    if not a.no_write:
+        write_section(Path(a.out), section(results))
+        print(f"wrote the heterogeneous section of {a.out}", file=sys.stderr)
+    return 0
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace the text between the markers (or append it) and leave the rest of the document alone."""
+    doc = path.read_text() if path.exists() else ""
+    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
+    if BEGIN in doc and END in doc:
+        doc = doc[:doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):].lstrip("\n")
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block
+    path.write_text(doc)
+
+
+def _h(x):
+    return "-" if x is None else f"{x / 3600:.2f}"
+
+
+def _mean(ms, key):
+    xs = [m[key] for m in ms if m.get(key) is not None]
+    return float(np.mean(xs)) if xs else None
+
+
+def section(R: dict) -> str:
+    out = [HEADER]
+    for restart, label in (("sia", "per-model restart costs (Sia's: 15-250 s), first start charged"),
+                           ("flat", "a flat 30 s restart, first start charged")):
+        specs = list(dict.fromkeys(k[0] for k in R if k[2] == restart))
+        if not specs:
+            continue
+        out.append(f"### {label}\n")
+        rows = []
+        for spec in specs:
+            ms = {n: R[(spec, n, restart)] for n in WORKLOADS if (spec, n, restart) in R}
+            cells = [_h(ms[n]["avg_jct_s"]) if n in ms else "not run" for n in WORKLOADS]
+            vals = list(ms.values())
+            rows.append([f"`{spec}`", *cells, _h(_mean(vals, "avg_jct_s")), _h(_mean(vals, "p99_jct_s")),
+                         _h(max((m["longest_jct_s"] or 0) for m in vals) if vals else None),
+                         f"{_mean(vals, 'restarts_per_job'):.2f}" if vals else "-",
+                         f"{sum(m['jobs_moved'] for m in vals)} ({sum(m['moves'] for m in vals)})" if vals else "-",
+                         f"{_mean(vals, 'gpu_h_per_job'):.2f}" if vals else "-",
+                         _share(vals),
+                         f"{sum(m['held_wrong_jobs'] for m in vals)}" if vals else "-",
+                         f"{max(m['ftf_max'] or 0 for m in vals):.1f}" if vals else "-",
+                         f"{len(vals)}/{len(WORKLOADS)}"])
+        out.append(report.markdown_table(
+            ["policy", *[f"w{n}" for n in WORKLOADS], "mean avg JCT h", "mean p99 JCT h", "longest job h",
+             "restarts/job", "jobs moved (moves)", "GPU-h/job", "GPU-h share aws/rtx/dgx-ext",
+             "held wrong > 30 min", "FTF max", "workloads"], rows))
+        out.append("")
+        out.append(_ftf_table(R, restart, specs))
+    out.append(NOTES)
+    return "\n".join(out) + "\n"
+
+
+def _share(vals) -> str:
+    if not vals:
+        return "-"
+    tot: dict = {}
+    for m in vals:
+        for t, v in m["gpu_share_by_type"].items():
+            tot[t] = tot.get(t, 0.0) + v / len(vals)
+    return " / ".join(f"{tot.get(t, 0.0):.0%}" for t in ("aws", "rtx", "dgx-ext"))
+
+
+def _ftf_table(R, restart, specs) -> str:
+    """Finish-time fairness (JCT over the run alone at the requested size on the best type) by the set
+    of types each job ran on, pooled over the workloads run: jobs, median, max."""
+    rows = []
+    for spec in specs:
+        pooled: dict = {}
+        for n in WORKLOADS:
+            m = R.get((spec, n, restart))
+            if not m:
+                continue
+            for mix, d in m["ftf_by_mix"].items():
+                p = pooled.setdefault(mix, [0, [], 0.0])
+                p[0] += d["jobs"]
+                p[1].append((d["median"], d["jobs"]))
+                p[2] = max(p[2], d["max"])
+        cells = []
+        for mix in ("aws", "rtx", "dgx-ext"):
+            p = pooled.get(mix)
+            cells.append("-" if not p else
+                         f"{p[0]} / {sum(a * b for a, b in p[1]) / p[0]:.1f} / {p[2]:.1f}")
+        mixed = [v for k, v in pooled.items() if "+" in k]
+        cells.append(f"{sum(v[0] for v in mixed)} / - / {max(v[2] for v in mixed):.1f}" if mixed else "-")
+        rows.append([f"`{spec}`", *cells])
+    return ("Finish-time fairness by the types a job ran on (jobs / job-weighted mean of per-workload medians / "
+            "max):\n\n" + report.markdown_table(["policy", "aws only", "rtx only", "dgx-ext only", "several types"],
+                                                 rows) + "\n")
+
+
+HEADER = """## Heterogeneous GPU clusters (issue 23): Sia's cluster and Philly workloads
+
+Sia's 64-GPU cluster (6 nodes x 4 T4 `aws`, 3 x 8 RTX 2080Ti `rtx`, 2 x 8 A100 `dgx-ext`, one
+partition: every job may run on any type) and its 8 Philly workloads (160 jobs each), through the
+daemon's own cycle (`python -m slurm_elastic.sim.evaluate_hetero`, `slurm_elastic/sim/hetero.py`).
+Every job runs at its app's measured table on the type it starts on (Sia's artifact, uncalibrated);
+goodput work model (Pollux's gradient traces); 60 s cycle. What each policy is told per type: `dp`
+today the daemon's rule (no per-type data for these apps: the job's own model, Pollux's T4 table,
+unscaled in every pool); `:profiled` and the peers `sia` and `gavel`: every job's true table on every
+type (Sia's bootstrap; its profiling cost not charged). Hours; w1-w8: average JCT per workload.
+
+Published, Sia's Table 3 (its simulator, mean over Philly workloads): average JCT / p99 JCT / GPU-hours
+per job -- Sia 0.6 / 9.5 / 4.0, Pollux 1.0 / 14.9 / 5.6, Gavel (tuned jobs) 1.9 / 30.0 / 9.0.
+"""
+
+NOTES = """
+Reading the table:
+- *restarts/job*: requeues (resizes and preemptions) per job; the first start is not counted (it is
+  charged: the job holds its GPUs for its restart time before it trains, as in Sia's and Pollux's
+  simulators).
+- *jobs moved (moves)*: jobs that started at least once on another type than their previous start, and
+  all such starts, summed over the workloads. Today no policy moves a job: a running job is pinned to
+  its pool (problem.py), and once started the job's gres type is pinned (planner `_pin`), so after a
+  requeue it may only start on that type again (issue 23 item 3, the "types" work).
+- *held wrong > 30 min*: jobs that for more than 30 minutes ran at a size their true gain said was
+  wrong: GPUs of their type idle, and growing onto them would have saved more of their remaining
+  time than one restart costs (`sim/engine.py` `held_wrong`).
+- `gavel`: rigid at the requested GPUs and batch, max-min LP every 360 s round, preemptive
+  (`policies/gavel.py`); `sia`: per-job normalised goodput summed (Sia's p = 1; its default p = -0.5 is
+  not expressible across pools by the shared optimizer), Pollux's re-allocation factor as its restart
+  penalty (`policies/sia.py`).
+- Known differences from Sia's simulator: its step times are scaled by per-model slowdowns (cifar10
+  1.8, ncf 1.5, others 1.2) that this simulator does not apply; its throughput interpolation and
+  placement rules are its own; no profiling cost is charged to `:profiled` runs.
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

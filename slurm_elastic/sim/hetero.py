@@ -1,0 +1,193 @@
+"""Issue 23: heterogeneous GPU clusters in the simulator -- Sia's cluster, tables, restarts and traces.
+
+One run: a Sia Philly workload (``../shared/data/sia/workloads/workload-<n>.csv``, 160 jobs) on Sia's
+64-GPU cluster (6 x 4 T4 ``aws``, 3 x 8 RTX 2080Ti ``rtx``, 2 x 8 A100 ``dgx-ext``; one partition, so
+every job may run on any type and the policy chooses), through the daemon's own cycle
+(``Simulation`` -> ``enact.run_cycle`` -> ``problem.build_problem`` with one pool per type ->
+policy -> planner -> ``SimulatedSlurm``). Every job *runs* at its app's measured table on the type it
+starts on (``profiles.pertype``); what the policy *knows* per type is the run's ``knowledge``:
+
+* ``job`` -- the daemon's default rule (``problem.gavel_model_for_type``): no per-type data for these
+  apps, so the job's own model (its ``profile=``, Pollux's T4 table) is used unscaled in every pool;
+* ``profiled`` -- every job's true table on every type, as Sia's bootstrap profiles each job on each
+  type (its cost not charged). The peers ``sia`` and ``gavel`` run ``profiled`` by default (both
+  designs assume per-type throughputs); ``dp`` runs ``job`` unless the spec says ``dp:profiled``.
+
+Restarts (``restart="sia"``): each job's spec carries its model's restart cost from Sia's simulator
+(cifar10 50 s, deepspeech2 25, bert 120, yolov3 80, imagenet 250, ncf 15), and its first start pays it
+too (``first_start_charge``), as there; ``restart="flat"``: 30 s for every job. Work: the goodput
+model following Pollux's gradient traces (as Sia's simulator).
+
+Figures per run (:func:`hetero_metrics`): average, p99 and longest JCT, restarts (requeues) per job,
+moves between types (jobs moved, moves), GPU-hours per job and their share by type, the jobs held at
+a size their true gain says is wrong for longer than ``held_bound_s`` (engine.held_wrong), and
+finish-time fairness: JCT over the job's run time alone at its requested size on its best type, by
+the set of types the job ran on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from slurm_elastic.profiles.pertype import SIA_CLUSTER, SIA_RESTART_S, sia_model, sia_model_on_type
+from slurm_elastic.sim.engine import SimConfig, SimResult, Simulation
+from slurm_elastic.sim.workloads import WorkloadJob, read_pollux
+
+REPO = Path(__file__).resolve().parents[2]
+SIA_DATA = REPO.parent / "shared" / "data" / "sia"
+WORKLOADS = tuple(range(1, 9))
+PEER_KNOWLEDGE = {"sia": "profiled", "gavel": "profiled"}  # the rest: "job"
+FLAT_RESTART_S = 30.0
+
+
+def sia_config(*, restart: str = "sia", held_bound_s: float = 1800.0, **kw) -> SimConfig:
+    """Sia's cluster, one partition ``gpu``; goodput work model; the first start pays the restart."""
+    if restart not in ("sia", "flat"):
+        raise ValueError(f"restart must be 'sia' or 'flat', not {restart!r}")
+    groups = tuple((n, g, "gpu", t) for n, g, t in SIA_CLUSTER)
+    base = dict(nodes=sum(n for n, _, _ in SIA_CLUSTER), gpus_per_node=4, groups=groups, work_model="goodput",
+                checkpoint_s=0.0, restart_s=FLAT_RESTART_S, first_start_charge=True, held_bound_s=held_bound_s)
+    base.update(kw)
+    return SimConfig(**base)
+
+
+def read_sia_workload(n: int, *, restart: str = "sia", data: Path | str = SIA_DATA) -> list[WorkloadJob]:
+    """Sia's Philly workload ``n`` (Pollux's CSV format); with ``restart="sia"`` each job's spec
+    carries its model's restart cost."""
+    jobs = read_pollux(Path(data) / "workloads" / f"workload-{n}.csv")
+    if restart == "flat":
+        return jobs
+    return [replace(w, spec=replace(w.spec, restart_s=SIA_RESTART_S[w.spec.profile])) for w in jobs]
+
+
+def type_models(w: WorkloadJob, model) -> dict:
+    """A job's true table on each type of the cluster."""
+    return {t: sia_model(w.spec.profile, t) for _, _, t in SIA_CLUSTER}
+
+
+def profiled_model_for_type(record, spec, model, gpu_type, home=""):
+    """What a ``profiled`` run tells the policy: the job's measured table on that type."""
+    return sia_model_on_type(model, gpu_type)
+
+
+def parse_policy(spec: str):
+    """``name[:opt,key=value,...]`` -> (policy, knowledge). ``profiled``/``blind`` set the knowledge."""
+    from slurm_elastic.policies import get_policy
+
+    name, _, opts = spec.partition(":")
+    knowledge = PEER_KNOWLEDGE.get(name, "job")
+    kw = {}
+    for o in filter(None, opts.split(",")):
+        if o == "profiled":
+            knowledge = "profiled"
+        elif o == "blind":
+            knowledge = "job"
+        else:
+            k, _, v = o.partition("=")
+            kw[k] = v
+    return get_policy(name, **kw), knowledge
+
+
+def run(policy_spec: str, n: int, *, restart: str = "sia", data: Path | str = SIA_DATA,
+        config: SimConfig | None = None, jobs: list[WorkloadJob] | None = None) -> tuple[SimResult, dict]:
+    """One workload under one policy spec: the result and its figures (:func:`hetero_metrics`)."""
+    policy, knowledge = parse_policy(policy_spec)
+    cfg = config or sia_config(restart=restart)
+    wl = jobs if jobs is not None else read_sia_workload(n, restart=restart, data=data)
+    sim = Simulation(wl, policy, cfg, type_models_for_job=type_models,
+                     model_for_type=profiled_model_for_type if knowledge == "profiled" else None)
+    res = sim.run()
+    m = hetero_metrics(res, wl, cfg)
+    m.update(policy_spec=policy_spec, workload=n, restart=restart, knowledge=knowledge)
+    return res, m
+
+
+def alone_s(w: WorkloadJob, cfg: SimConfig) -> float:
+    """The job's run time alone at its requested GPUs and batch on its best type (first start included)."""
+    from slurm_elastic.profiles.goodput import pollux_grad_trace
+
+    spec = w.spec
+    k, b = spec.requested_gpus, spec.requested_batch
+    local, accum = spec.split_batch(k, b)
+    eff = 1.0
+    if cfg.work_model == "goodput":
+        tr = pollux_grad_trace(spec.profile)
+        xs = np.linspace(0, w.total_samples, 41)[:-1] + w.total_samples / 80
+        eff = float(np.mean([tr.efficiency(b, x) for x in xs]))
+    best = np.inf
+    for count, size, t in ((c, g, t) for c, g, _, t in cfg.groups):
+        if k > count * size:
+            continue
+        try:
+            nodes = spec.placement(k, size)[0]
+        except ValueError:  # a count that fills no whole nodes of this size: spread as evenly as it goes
+            nodes = -(-k // size)
+        rate = sia_model(spec.profile, t).samples_per_s(k, nodes, local, accum) * eff
+        best = min(best, w.total_samples / rate)
+    first = (spec.restart_s if spec.restart_s is not None else cfg.rescale_cost_s) if cfg.first_start_charge else 0.0
+    return float(best + first)
+
+
+def _pct(xs, q):
+    return float(np.percentile(xs, q)) if len(xs) else None
+
+
+def hetero_metrics(res: SimResult, workload: list[WorkloadJob], cfg: SimConfig) -> dict:
+    """The run's figures (module docstring); times in seconds, GPU time in GPU-hours."""
+    from slurm_elastic.sim.metrics import summarize
+
+    base = summarize(res)
+    done = [o for o in res.jobs if o.jct_s is not None]
+    jct = np.array([o.jct_s for o in done])
+    n = len(res.jobs)
+    by_type: dict[str, float] = {}
+    for o in res.jobs:
+        for t, g in o.gpu_s_by_type.items():
+            by_type[t] = by_type.get(t, 0.0) + g
+    total_gpu_s = sum(by_type.values())
+    alone = {w.name: alone_s(w, cfg) for w in workload if w.spec is not None}
+    rho = {o.name: o.jct_s / alone[o.name] for o in done if alone.get(o.name)}
+    mixes: dict[str, list[float]] = {}
+    for o in done:
+        if o.name in rho:
+            key = "+".join(sorted(t for t, g in o.gpu_s_by_type.items() if g > 0)) or "-"
+            mixes.setdefault(key, []).append(rho[o.name])
+    bound = cfg.held_bound_s
+    worst = max(done, key=lambda o: o.jct_s, default=None)
+    return {
+        "jobs": n, "finished": len(done), "stopped": res.stopped,
+        "avg_jct_s": float(jct.mean()) if len(jct) else None,
+        "p99_jct_s": _pct(jct, 99), "p95_jct_s": _pct(jct, 95),
+        "longest_jct_s": float(jct.max()) if len(jct) else None,
+        "longest_job": worst.name if worst else None,
+        "makespan_s": base["makespan_s"],
+        "restarts_per_job": base["rescales_per_job"],
+        "moves": int(sum(o.moves for o in res.jobs)),
+        "jobs_moved": int(sum(1 for o in res.jobs if o.moves > 0)),
+        "gpu_h_per_job": total_gpu_s / 3600.0 / n if n else 0.0,
+        "gpu_share_by_type": {t: g / total_gpu_s for t, g in sorted(by_type.items())} if total_gpu_s else {},
+        "held_bound_s": bound,
+        "held_wrong_jobs": int(sum(1 for o in res.jobs if bound is not None and o.held_wrong_s > bound)),
+        "held_wrong_longest_s": float(max((o.held_wrong_s for o in res.jobs), default=0.0)),
+        "ftf_median": _pct(list(rho.values()), 50), "ftf_p99": _pct(list(rho.values()), 99),
+        "ftf_max": float(max(rho.values())) if rho else None,
+        "ftf_by_mix": {k: {"jobs": len(v), "median": float(np.median(v)), "max": float(max(v))}
+                       for k, v in sorted(mixes.items())},
+        "gpu_utilization": base["gpu_utilization"],
+        "sim_wall_s": res.wall_s, "cycles": res.cycles, "policy_solve_s": res.solve_s,
+    }
+
+
+def summary_line(m: dict) -> str:
+    """One line per run, for the harness's log and quick comparisons."""
+    def h(x):
+        return "-" if x is None else f"{x / 3600:.2f}"
+    share = " ".join(f"{t}={v:.0%}" for t, v in m["gpu_share_by_type"].items())
+    return (f"{m['policy_spec']:<14} w{m['workload']} restart={m['restart']:<4} know={m['knowledge']:<8} "
+            f"avg {h(m['avg_jct_s'])} h  p99 {h(m['p99_jct_s'])} h  longest {h(m['longest_jct_s'])} h  "
+            f"restarts/job {m['restarts_per_job']:.2f}  moved {m['jobs_moved']}/{m['jobs']} ({m['moves']})  "
+            f"GPU-h/job {m['gpu_h_per_job']:.2f} [{share}]  held-wrong {m['held_wrong_jobs']}  "
+            f"ftf max {m['ftf_max'] or 0:.1f}  {m['finished']}/{m['jobs']} done ({m['sim_wall_s']:.0f} s)")
