@@ -286,8 +286,11 @@ def _exclude_reserved(the_plan: pl.Plan, reserved: Mapping[str, int], enactor) -
     out = []
     for a in the_plan.actions:
         if a.kind in ("start", "resize"):
+            own = a.exclude_nodes  # the planner's pin to a pool (issue 23: the nodes of its other types)
             if nodes:
-                a = replace(a, exclude_nodes=nodes)
+                a = replace(a, exclude_nodes=tuple(sorted(set(own or ()) | set(nodes))))
+                excluded.add(a.job_id)
+            elif own is not None:
                 excluded.add(a.job_id)
             elif a.job_id in excluded:
                 a = replace(a, exclude_nodes=())

@@ -428,14 +428,20 @@ def _pin(a: JobAllocation, v: JobView, pool_by: Mapping) -> dict:
     pool = pool_by.get(a.pool)
     if pool is None:
         return {}
-    part = next((p for p in v.partitions if p in pool.partitions), None)
-    # Issue 23: where that partition holds one GPU type, the partition pins the type and the job's gres
-    # stays as submitted: Slurm 22.05 never retypes a typed request (the job would be trapped on its first
-    # type), and a partition change moves it on 22.05 and 24.11 alike.
-    one_type = part is not None and len({q.gpu_type for q in pool_by.values() if part in q.partitions}) == 1
+    part = target = next((p for p in v.partitions if p in pool.partitions), None)
     if part is not None and v.partitions == (part,):
         part = None  # already its only partition
-    return {"partition": part, "gpu_type": None if one_type else (pool.gpu_type or None)}
+    # Issue 23: the job's gres stays as submitted (Slurm 22.05 never retypes a typed request: the job would
+    # be trapped on its first type). Where the partition holds one GPU type, the partition pins the type;
+    # where it holds several, the nodes of its other pools are excluded (ExcNodeList). Either moves the job
+    # on 22.05 and 24.11 alike, at its next start.
+    if target is None:
+        return {"partition": part, "gpu_type": pool.gpu_type or None}
+    others = tuple(sorted(n for q in pool_by.values() if q.name != pool.name and target in q.partitions
+                          for n, _ in q.node_capacity))
+    if not others or {q.gpu_type for q in pool_by.values() if target in q.partitions} == {pool.gpu_type}:
+        return {"partition": part, "gpu_type": None}
+    return {"partition": part, "gpu_type": None, "exclude_nodes": others}
 
 
 def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool) -> int:

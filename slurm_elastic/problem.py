@@ -688,7 +688,10 @@ def _pool_requests(reqs, res, allowed, pinned, pools, records, model_for_type, n
                     unscaled.append(name)
                 elif m is not q.model:
                     models.append((name, m))
+            specs = tuple((n, sp) for n in names if (sp := q.spec.on_type(by_name[n].gpu_type)) is not q.spec)
             q = replace(q, pools=names, pool=pinned.get(q.job_id, ""), pool_models=tuple(models),
-                        unscaled_pools=tuple(unscaled))
+                        unscaled_pools=tuple(unscaled), pool_specs=specs)
+        elif not multi and pools and pools[0].gpu_type and q.spec.local_batch_by_type:
+            q = replace(q, spec=q.spec.on_type(pools[0].gpu_type))  # one type: its batch limit
         out.append(q)
     return out

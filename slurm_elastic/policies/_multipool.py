@@ -75,18 +75,20 @@ class PoolQ:
     move: np.ndarray | None = None  # per problem job: the value share a move keeps (1 - its restart share)
 
 
-def _with_model(req, model):
-    """``replace(req, model=model)`` without the dataclass machinery (thousands per cycle)."""
+def _with_model(req, model, spec=None):
+    """``replace(req, model=model[, spec=spec])`` without the dataclass machinery (thousands per cycle)."""
     new = object.__new__(type(req))
     new.__dict__.update(req.__dict__)
     new.__dict__["model"] = model
+    if spec is not None:
+        new.__dict__["spec"] = spec
     return new
 
 
-def _moved(req, model):
+def _moved(req, model, spec=None):
     """A running job as a start in another pool: no GPUs there, no batch, no nodes (its restart is
     charged in build_q, as a rescale of the pool it runs in)."""
-    new = _with_model(req, model)
+    new = _with_model(req, model, spec)
     new.__dict__.update(running_gpus=0, running_batch=None, nodes=(), gpus_per_node=0)
     return new
 
@@ -119,10 +121,11 @@ def _sub_problems(problem: AllocationProblem):
         for j in members[i]:
             req = problem.jobs[j]
             model = dict(req.pool_models).get(pool.name, req.model) if req.pool_models else req.model
+            spec = dict(req.pool_specs).get(pool.name) if req.pool_specs else None  # its batch limit there
             if req.running_gpus > 0 and allowed[j][0] != i:
-                jobs.append(_moved(req, model))  # there, it would start anew
+                jobs.append(_moved(req, model, spec))  # there, it would start anew
                 continue
-            jobs.append(req if model is req.model else _with_model(req, model))
+            jobs.append(req if model is req.model and spec is None else _with_model(req, model, spec))
         subs.append(AllocationProblem(
             total_gpus=pool.total_gpus, node_size=pool.node_size or problem.node_size, jobs=tuple(jobs),
             horizon_s=problem.horizon_s, allow_preemption=problem.allow_preemption,

@@ -111,3 +111,43 @@ def test_a_move_frees_its_nodes_for_a_job_that_may_only_use_the_slow_type():
     assert (alloc.jobs[1].pool, alloc.jobs[1].gpus) == ("a100:a100", 4)
     assert (alloc.jobs[2].pool, alloc.jobs[2].gpus) == ("t4:t4", 4)  # on the GPUs job 1 leaves
     assert alloc.bound is not None and alloc.objective <= alloc.bound + 1e-9
+
+
+def test_per_type_batch_limit_runs_a_larger_micro_batch_on_the_larger_gpu():
+    from slurm_elastic.spec import ElasticSpec, SpecError, parse_spec
+
+    spec = ElasticSpec(min_gpus=1, max_gpus=1, min_batch=64, max_batch=64, max_local_batch=64, batch=64,
+                       max_accum=4, local_batch_by_type=(("t4", 16),))
+    assert parse_spec(spec.to_comment()) == spec and "local_batch_by_type=t4:16" in spec.to_comment()
+    with pytest.raises(SpecError) as e:
+        parse_spec(spec.to_comment().replace("t4:16", "t4:128"))  # above max_local_batch (the largest type's)
+    assert e.value.field == "local_batch_by_type"
+    got = {}
+    for part in ("t4", "a100"):
+        r = JobRecord(job_id=1, name="j", user="u", partition=part, state="PENDING", gpus_per_node=0,
+                      gpus_total=0, node_count=1, nodes=(), comment=spec.to_comment(), held=True, priority=0,
+                      submit_time=1)
+        a = DPPolicy().allocate(snap([r]).problem).jobs[1]
+        got[part] = (a.gpus, a.local_batch, a.accum)
+    assert got == {"t4": (1, 16, 4), "a100": (1, 64, 1)}
+
+
+def test_one_partition_of_several_types_moves_by_excluding_the_other_types_nodes():
+    from slurm_elastic import enact
+
+    nodes = [NodeRecord("t1", "MIXED", (), 4, 4, 8, ("gpu",), "t4"), NodeRecord("a1", "IDLE", (), 4, 0, 8, ("gpu",), "a100")]
+    r = rec(1, "RUNNING", nodes=("t1",), part="gpu")  # untyped --gres=gpu:4, as submitted
+    s = build_problem([r], nodes, model_for=lambda r, s: LinearModel(100.0), now=1000.0, default_restart_s=30.0)
+    assert s.problem.jobs[0].pools == ("gpu:t4", "gpu:a100")
+    alloc = DPPolicy().allocate(s.problem)
+    p = pl.plan(alloc, s.views, {}, 1000.0, capacity=s.capacity, node_size=4, node_free=s.node_free,
+                pools=s.problem.pools)
+    (rz,) = p.of_kind("resize")
+    assert rz.gpu_type is None and rz.partition is None and rz.exclude_nodes == ("t1",)
+
+    class Book:
+        excluded: set = set()
+
+    # a rigid job's reservation adds its nodes; the pool pin is kept
+    out = enact._exclude_reserved(p, {"a9": 4}, Book())
+    assert out.of_kind("resize")[0].exclude_nodes == ("a9", "t1")
