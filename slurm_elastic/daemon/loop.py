@@ -69,6 +69,7 @@ class Daemon:
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
         self.models = ModelRegistry()
+        self.models.ratios.speeds.update(config.gpu_speed)  # the site's measured GPU speeds (issue 23)
         self.rules = SiteRules(config.max_weight, config.state_dir)
         self.watchdog = Watchdog(config.watchdog_s)
         self.records: dict[int, JobRecord] = {}
@@ -206,6 +207,7 @@ class Daemon:
         self.config = cfg
         self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user)
         self.rules = SiteRules(cfg.max_weight, cfg.state_dir)
+        self.models.ratios.set_speeds(cfg.gpu_speed)
         self.watchdog.limit_s = cfg.watchdog_s
         if self.enactor:
             self.enactor.ack_timeout_s = cfg.ack_timeout_s

@@ -79,8 +79,10 @@ class TypeRatios:
     measured ratio (samples/s on ``b`` over ``a`` at the same GPU count and batch); per pair, the geometric
     mean over jobs, shrunk toward the prior (:data:`TYPE_SPEED`) with weight :data:`PRIOR_WEIGHT`."""
 
-    def __init__(self):
+    def __init__(self, speeds: Mapping[str, float] | None = None):
         self._by_job: dict[object, dict[tuple[str, str], float]] = {}
+        # the prior: the built-in measured table, with what the site measured (daemon ``gpu_speed``) over it
+        self.set_speeds(speeds or {})
 
     def observe(self, job_id, a: str, b: str, ratio: float) -> None:
         a, b = a.lower(), b.lower()
@@ -90,6 +92,10 @@ class TypeRatios:
         self._by_job[job_id] = d  # the latest observed last
         d[(a, b)] = float(ratio)
         d.pop((b, a), None)
+
+    def set_speeds(self, speeds: Mapping[str, float]) -> None:
+        """The prior again: the built-in table with ``speeds`` over it (a reloaded site table)."""
+        self.speeds = {**TYPE_SPEED, **{k.lower(): float(v) for k, v in speeds.items()}}
 
     def keep_last(self, n: int) -> None:
         """Keep the ``n`` jobs observed last (a bounded memory that outlives the jobs)."""
@@ -107,7 +113,7 @@ class TypeRatios:
                 logs.append(math.log(d[(a, b)]))
             elif (b, a) in d:
                 logs.append(-math.log(d[(b, a)]))
-        sa, sb = type_speed(a), type_speed(b)
+        sa, sb = self.speeds.get(a), self.speeds.get(b)
         prior = math.log(sb / sa) if sa and sb else None
         if logs:
             n = len(logs)

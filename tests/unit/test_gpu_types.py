@@ -151,3 +151,15 @@ def test_one_partition_of_several_types_moves_by_excluding_the_other_types_nodes
     # a rigid job's reservation adds its nodes; the pool pin is kept
     out = enact._exclude_reserved(p, {"a9": 4}, Book())
     assert out.of_kind("resize")[0].exclude_nodes == ("a9", "t1")
+
+
+def test_site_gpu_speeds_replace_the_prior_and_are_checked():
+    from slurm_elastic.daemon.config import ConfigError, config_from_dict
+
+    cfg = config_from_dict({"gpu_speed": {"A100": 3, "v100": 1.0}})
+    assert cfg.gpu_speed == {"a100": 3.0, "v100": 1.0}
+    r = TypeRatios(cfg.gpu_speed)
+    assert r.ratio("v100", "a100") == (pytest.approx(3.0), "type prior")
+    for bad in ({"a100": 0}, {"a100": float("nan")}, {"a 100": 1.0}, {"a100": True}, [1.0], {"a100": 1e9}):
+        with pytest.raises(ConfigError, match="gpu_speed"):
+            config_from_dict({"gpu_speed": bad})
