@@ -163,3 +163,20 @@ def test_site_gpu_speeds_replace_the_prior_and_are_checked():
     for bad in ({"a100": 0}, {"a100": float("nan")}, {"a 100": 1.0}, {"a100": True}, [1.0], {"a100": 1e9}):
         with pytest.raises(ConfigError, match="gpu_speed"):
             config_from_dict({"gpu_speed": bad})
+
+
+def test_multi_node_job_grows_on_whole_nodes_of_its_type():
+    spec = toy_spec(min_gpus=4, max_gpus=16, batch=64)
+    nodes = [NodeRecord(f"a{i}", "ALLOCATED" if i < 2 else "IDLE", (), 4, 4 if i < 2 else 0, 8, ("gpu",), "a100")
+             for i in range(4)] + [NodeRecord(f"t{i}", "IDLE", (), 4, 0, 8, ("gpu",), "t4") for i in range(4)]
+    r = JobRecord(job_id=1, name="j", user="u", partition="gpu", state="RUNNING", gpus_per_node=4, gpus_total=8,
+                  node_count=2, nodes=("a0", "a1"), comment=spec.to_comment(), held=False, priority=1,
+                  submit_time=0, start_time=0.0)
+    s = build_problem([r], nodes, model_for=lambda r, s: LinearModel(100.0), now=1000.0, default_restart_s=5.0)
+    a = DPPolicy().allocate(s.problem).jobs[1]
+    assert (a.gpus, a.nodes, a.pool) == (16, 4, "gpu:a100")
+    p = pl.plan(DPPolicy().allocate(s.problem), s.views, {}, 1000.0, capacity=s.capacity, node_size=4,
+                node_free=s.node_free, pools=s.problem.pools)
+    (rz,) = p.of_kind("resize")
+    assert (rz.gpus, rz.nodes, rz.gpus_per_node) == (16, 4, 4)
+    assert rz.exclude_nodes == ("t0", "t1", "t2", "t3")  # whole nodes of its own type only
