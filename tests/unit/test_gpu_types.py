@@ -180,3 +180,11 @@ def test_multi_node_job_grows_on_whole_nodes_of_its_type():
     (rz,) = p.of_kind("resize")
     assert (rz.gpus, rz.nodes, rz.gpus_per_node) == (16, 4, 4)
     assert rz.exclude_nodes == ("t0", "t1", "t2", "t3")  # whole nodes of its own type only
+
+
+def test_a_running_job_never_moves_to_a_slower_type():
+    # job 2 may only use the a100; job 1 runs there: moving job 1 to the T4 would free the a100, but a
+    # move goes only to a type at least MOVE_MIN_GAIN faster (no job is sent down and held there)
+    s = snap([rec(1, "RUNNING", nodes=("a1",)), rec(2, part="a100")])
+    alloc = DPPolicy().allocate(s.problem)
+    assert alloc.jobs[1].pool == "a100:a100" and "moved" not in alloc.jobs[1].reason
