@@ -604,6 +604,9 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         why = a.reason + (f"; pool {pool}" if a.gpus else "")
         if a.gpus and q.home and q.home.get(j, i) != i:
             why += f" (moved from {problem.pools[q.home[j]].name}: a restart)"
+        there = dict(req.pool_models).get(pool) if a.gpus and req.pool_models else None
+        if getattr(there, "provenance", None):  # where its speed on this type comes from (issue 23)
+            why += f" (speed on {problem.pools[i].gpu_type}: {there.provenance})"
         if a.gpus and pool in req.unscaled_pools:
             why += f" (no {problem.pools[i].gpu_type} throughput data: its model unscaled)"
         out[req.job_id] = JobAllocation(a.job_id, a.gpus, a.nodes, a.batch, a.local_batch, a.accum,

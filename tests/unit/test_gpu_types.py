@@ -39,6 +39,7 @@ def test_pending_job_prefers_the_fast_type():
     assert a100.samples_per_s(1, 1, 16) == pytest.approx(100.0 * TYPE_SPEED["a100"])
     alloc = DPPolicy().allocate(s.problem)
     assert alloc.jobs[1].pool == "a100:a100" and alloc.jobs[1].gpus == 4
+    assert "(speed on a100: type prior)" in alloc.jobs[1].reason  # provenance, shown by status
 
 
 def test_reports_on_t4_are_scaled_on_a100_not_used_as_is():
