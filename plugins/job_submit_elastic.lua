@@ -200,6 +200,23 @@ function elastic_spec_error(comment)
         local err = check_points(value)
         if err then return err end
         s[key] = value
+      elseif key == "local_batch_by_type" then
+        -- issue 23: TYPE:MAX_LOCAL_BATCH items joined by '|', checked against the batch limits below
+        local limits, n, seen = {}, 0, {}
+        for part in string.gmatch(value .. "|", "([^|]*)|") do
+          n = n + 1
+          if n > 16 then return fail(key, "at most 16 GPU types") end
+          local t, lim = string.match(part, "^([A-Za-z0-9_.-]+):([0-9]+)$")
+          if t == nil or #t > 64 or #lim > 15 then
+            return fail(key, "expected TYPE:MAX_LOCAL_BATCH items joined by '|'")
+          end
+          if seen[t] then return fail(key, "GPU type '" .. t .. "' given twice") end
+          seen[t] = true
+          local x = tonumber(lim)
+          if x < 1 or x > MAX_BATCH then return fail(key, lim .. " is outside 1.." .. MAX_BATCH) end
+          limits[#limits + 1] = x
+        end
+        s[key] = limits
       else
         return fail(string.sub(key, 1, 40), "unknown key")
       end
@@ -214,6 +231,11 @@ function elastic_spec_error(comment)
   if s.min_gpus > s.max_gpus then return fail("min_gpus", "min_gpus > max_gpus") end
   if s.min_batch > s.max_batch then return fail("min_batch", "min_batch > max_batch") end
   if s.min_local_batch > s.max_local_batch then return fail("min_local_batch", "min_local_batch > max_local_batch") end
+  for _, lim in ipairs(s.local_batch_by_type or {}) do
+    if lim < s.min_local_batch or lim > s.max_local_batch then
+      return fail("local_batch_by_type", "a type's limit is outside [min_local_batch, max_local_batch]")
+    end
+  end
   if s.batch ~= nil and (s.batch < s.min_batch or s.batch > s.max_batch) then
     return fail("batch", "outside [min_batch, max_batch]")
   end

@@ -286,8 +286,11 @@ def _exclude_reserved(the_plan: pl.Plan, reserved: Mapping[str, int], enactor) -
     out = []
     for a in the_plan.actions:
         if a.kind in ("start", "resize"):
+            own = a.exclude_nodes  # the planner's pin to a pool (issue 23: the nodes of its other types)
             if nodes:
-                a = replace(a, exclude_nodes=nodes)
+                a = replace(a, exclude_nodes=tuple(sorted(set(own or ()) | set(nodes))))
+                excluded.add(a.job_id)
+            elif own is not None:
                 excluded.add(a.job_id)
             elif a.job_id in excluded:
                 a = replace(a, exclude_nodes=())
@@ -338,6 +341,7 @@ def run_cycle(
     left_alone: Mapping[int, str] | None = None,
     partition_limits: Mapping | None = None,
     model_for_type=None,
+    note_nodes=None,
 ) -> CycleResult:
     """One scheduling cycle: read, build the problem, allocate, plan, enact. Updates ``state.books``.
     ``model_for_type``: a job's model per GPU type (problem.build_problem's; None: its default rule).
@@ -347,6 +351,8 @@ def run_cycle(
     no GPUs the planner cannot move."""
     enactor.poll()
     jobs, nodes = backend.list_jobs(), backend.list_nodes()
+    if note_nodes is not None:
+        note_nodes(nodes)  # the GPU type of each node, for the job models (issue 23)
     if node_size is None and not any(n.gpus_total > 0 for n in nodes):
         # Seen live right after a slurmctld restart: nodes listed before they register, with no GPUs.
         # Planning on that would be planning on an empty cluster; skip the cycle as for a failed read.

@@ -191,7 +191,9 @@ def _decision(alloc: JobAllocation, view: JobView, node_size: int, seq: int) -> 
         raise ValueError(f"job {view.job_id}: {k} GPUs do not split over {nodes} nodes")
     local = alloc.local_batch or (alloc.batch // (k * max(1, alloc.accum)) if alloc.batch else 0)
     batch = alloc.batch or local * k * max(1, alloc.accum)
-    return Decision(gpus=k, nodes=nodes, batch=batch, local_batch=local, accum=max(1, alloc.accum), seq=seq), nodes, k // nodes
+    parts = view.partitions if len(view.partitions) > 1 and alloc.pool else ()  # it is pinned: keep the rest
+    return Decision(gpus=k, nodes=nodes, batch=batch, local_batch=local, accum=max(1, alloc.accum), seq=seq,
+                    parts=parts), nodes, k // nodes
 
 
 class _Placer:
@@ -288,7 +290,8 @@ def plan(
                 actions[v.job_id] = Leave(v.job_id, a.reason or "policy: not now")
             continue
         # running
-        if a.gpus == v.gpus:
+        moved = _moves(a, v, pool_by)
+        if a.gpus == v.gpus and not moved:
             if a.reason and a.reason.startswith("kept"):
                 why = a.reason  # the policy's own account (e.g. which size would pay but for the restart)
             elif a.batch == v.batch or not a.batch:
@@ -319,7 +322,8 @@ def plan(
             if a.samples_per_s < (1.0 + config.min_relative_gain) * v.samples_per_s:
                 actions[v.job_id] = Leave(v.job_id, "gain below min_relative_gain")
                 continue
-        (shrinks if a.gpus < v.gpus else grows).append(_Pending(v, a, i))
+        # a move to another pool (issue 23) needs GPUs there, as a grow does: planned with the grows
+        (shrinks if a.gpus < v.gpus and not moved else grows).append(_Pending(v, a, i))
 
     # Released jobs Slurm has not started: reserve their placement; one that has waited past the
     # timeout and cannot be placed now is held again, and its GPUs go back to the pool.
@@ -409,16 +413,35 @@ def plan(
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
 
 
+def _moves(a: JobAllocation, v: JobView, pool_by: Mapping) -> bool:
+    """Does the policy move running job ``v`` to another pool (another GPU type)? A restart there."""
+    pool = pool_by.get(a.pool) if a.gpus > 0 else None
+    if pool is None or not v.nodes:
+        return False
+    there = {n for n, _ in pool.node_capacity}
+    return not set(v.nodes) <= there
+
+
 def _pin(a: JobAllocation, v: JobView, pool_by: Mapping) -> dict:
     """The partition and GPU type that pin a job to the pool the policy chose (several pools only):
     the first of the job's partitions that the pool is in, and the pool's GPU type."""
     pool = pool_by.get(a.pool)
     if pool is None:
         return {}
-    part = next((p for p in v.partitions if p in pool.partitions), None)
+    part = target = next((p for p in v.partitions if p in pool.partitions), None)
     if part is not None and v.partitions == (part,):
         part = None  # already its only partition
-    return {"partition": part, "gpu_type": pool.gpu_type or None}
+    # Issue 23: the job's gres stays as submitted (Slurm 22.05 never retypes a typed request: the job would
+    # be trapped on its first type). Where the partition holds one GPU type, the partition pins the type;
+    # where it holds several, the nodes of its other pools are excluded (ExcNodeList). Either moves the job
+    # on 22.05 and 24.11 alike, at its next start.
+    if target is None:
+        return {"partition": part, "gpu_type": pool.gpu_type or None}
+    others = tuple(sorted(n for q in pool_by.values() if q.name != pool.name and target in q.partitions
+                          for n, _ in q.node_capacity))
+    if not others or {q.gpu_type for q in pool_by.values() if target in q.partitions} == {pool.gpu_type}:
+        return {"partition": part, "gpu_type": None}
+    return {"partition": part, "gpu_type": None, "exclude_nodes": others}
 
 
 def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool) -> int:

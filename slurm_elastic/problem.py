@@ -83,18 +83,23 @@ ModelFor = Callable[[JobRecord, ElasticSpec], ThroughputModel]
 # Pending reasons of a rigid job that only GPUs hold back: GPUs are reserved only for these (a job waiting
 # for a dependency, a begin time, a QOS/association limit or a down node would leave its GPUs idle).
 RIGID_WAITING = frozenset({"", "None", "Resources", "Priority"})
-# A job's model on another GPU type: (record, spec, its model, GPU type) -> model, or None: no data
-ModelForType = Callable[[JobRecord, ElasticSpec, ThroughputModel, str], "ThroughputModel | None"]
+# A job's model on another GPU type: (record, spec, its model, GPU type, home type) -> model, or None: no
+# data. ``home``: the GPU type the model's numbers come from (a running job: its pool's; "" unknown).
+ModelForType = Callable[[JobRecord, ElasticSpec, ThroughputModel, str, str], "ThroughputModel | None"]
 
 
-def gavel_model_for_type(record: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str):
-    """The default per-type rule (profiles.gavel.model_on_type): a job on a Gavel table
-    (``profile=gavel.<gpu>.<model>``, or a learned model over one) runs on another Gavel GPU type at that
-    type's table; anything else has no per-type data (None: the allocator uses its model unscaled and
-    says so in the job's reason)."""
-    from slurm_elastic.profiles.gavel import model_on_type
+def typed_model_for_type(record: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str,
+                         home: str = ""):
+    """The default per-type rule (profiles.types.model_on_type): the job's own reports on that type, a
+    Gavel table, the cluster's type ratios, else the measured per-type prior; None only for a GPU type
+    nothing is known of (the allocator then uses its model unscaled and says so in the job's reason).
+    ``home``: the type the model's numbers come from ("" unknown)."""
+    from slurm_elastic.profiles.types import model_on_type
 
-    return model_on_type(model, gpu_type)
+    return model_on_type(model, gpu_type, home)
+
+
+gavel_model_for_type = typed_model_for_type  # the name issue 13 gave it
 
 
 @dataclass(frozen=True)
@@ -310,7 +315,7 @@ def build_problem(
     spec_cache: SpecCache | None = None,
     job_info: JobInfoFor | None = None,
     left_alone: Mapping[int, str] | None = None,
-    model_for_type: ModelForType | None = gavel_model_for_type,
+    model_for_type: ModelForType | None = typed_model_for_type,
     partition_limits: Mapping[str, PartitionRecord] | None = None,
 ) -> Snapshot:
     """See the module docstring. ``in_flight`` maps job id -> target GPUs of resizes under way;
@@ -428,7 +433,7 @@ def build_problem(
         unmanaged=st.unmanaged,
         pools=tuple(node_pools),
         kept_for_rigid=res,
-        partitions_of={r.job_id: r.partitions for r in st.elastic if r.job_id in st.specs},
+        partitions_of={r.job_id: _submitted_to(r, cache).partitions for r in st.elastic if r.job_id in st.specs},
         degraded=st.degraded,
     )
 
@@ -460,8 +465,8 @@ def _sort_jobs(jobs, shape: _Shape, cache: SpecCache, in_flight, left_alone, par
         if is_el:
             try:
                 spec = _within_limits(r, cache.get(r.comment, r.job_id, size), partition_limits, size)
-                st.allowed[r.job_id], st.pinned[r.job_id] = _job_pools(r, shape.pools, shape.pool_of_node,
-                                                                       shape.names)
+                st.allowed[r.job_id], st.pinned[r.job_id] = _job_pools(_submitted_to(r, cache), shape.pools,
+                                                                       shape.pool_of_node, shape.names)
                 st.specs[r.job_id] = spec
                 st.elastic.append(r)
                 continue
@@ -469,8 +474,8 @@ def _sort_jobs(jobs, shape: _Shape, cache: SpecCache, in_flight, left_alone, par
                 fallback = _fallback_spec(r, cache, in_flight)
                 try:
                     if fallback is not None:
-                        st.allowed[r.job_id], st.pinned[r.job_id] = _job_pools(r, shape.pools, shape.pool_of_node,
-                                                                               shape.names)
+                        st.allowed[r.job_id], st.pinned[r.job_id] = _job_pools(
+                            _submitted_to(r, cache), shape.pools, shape.pool_of_node, shape.names)
                         st.degraded[r.job_id] = e
                         st.specs[r.job_id] = fallback
                         st.elastic.append(r)
@@ -543,20 +548,34 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
     known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
     stepped = (r.restart_count in facts.stepped_restarts) if known else None
     view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
-                   r.partitions)
+                   _submitted_to(r, cache).partitions)
     return req, view
 
 
+def _submitted_to(r: JobRecord, cache: SpecCache) -> JobRecord:
+    """The job as submitted: the daemon pins a job to one of its partitions (Slurm then shows only that
+    one) and keeps the others in its decision (``Decision.parts``), so that it may move back."""
+    if "," in r.partition or not r.admin_comment:
+        return r
+    try:
+        d = cache.decision(r.admin_comment, r.job_id)
+    except SpecError:
+        return r
+    if d is None or not d.parts or r.partition not in d.parts:
+        return r
+    return replace(r, partition=",".join(d.parts))
+
+
 def _job_pools(r: JobRecord, pools, pool_of_node, managed_names) -> tuple[tuple[str, ...], str]:
-    """(the pools job ``r`` may use, the pool it runs in now or ""). A running job stays in the pool
-    of its nodes (it is never moved between pools while it runs); a pending one that no pool admits is
-    reported as its bad input (SpecError), naming what it asked for."""
+    """(the pools job ``r`` may use, the pool it runs in now or ""). A running job lists the pool of its
+    nodes first, then the other pools it may use (issue 23: it may move there, as a restart); a pending
+    one that no pool admits is reported as its bad input (SpecError), naming what it asked for."""
     ap = allowed_pools(r, pools)
     if r.is_running:
         on = [pool_of_node[n] for n in r.nodes if n in managed_names]
         if on:
             now = Counter(on).most_common(1)[0][0]
-            return (now,), now
+            return (now,) + tuple(p for p in ap if p != now), now
         return ap, ""
     if not ap:
         what = [f"partition {r.partition!r}"]
@@ -656,17 +675,23 @@ def _pool_requests(reqs, res, allowed, pinned, pools, records, model_for_type, n
                 q = replace(q, spec=replace(q.spec, max_gpus=max(q.spec.min_gpus, q.running_gpus)))
         if multi and r is not None:
             names = allowed.get(q.job_id, ())
+            here = pinned.get(q.job_id, "")
+            # the type its model's numbers are for: where it runs, else what its model says (its last type)
+            home = by_name[here].gpu_type if here in by_name else getattr(q.model, "gpu_type", "") or ""
             models, unscaled = [], []
             for name in names:
                 t = by_name[name].gpu_type
-                if not t:
-                    continue  # an untyped pool: the job's own model, nothing to scale
-                m = model_for_type(r, q.spec, q.model, t) if model_for_type else None
+                if not t or (t == home and name == here):
+                    continue  # an untyped pool, or the one it runs in: the job's own model
+                m = model_for_type(r, q.spec, q.model, t, home) if model_for_type else None
                 if m is None:
                     unscaled.append(name)
                 elif m is not q.model:
                     models.append((name, m))
+            specs = tuple((n, sp) for n in names if (sp := q.spec.on_type(by_name[n].gpu_type)) is not q.spec)
             q = replace(q, pools=names, pool=pinned.get(q.job_id, ""), pool_models=tuple(models),
-                        unscaled_pools=tuple(unscaled))
+                        unscaled_pools=tuple(unscaled), pool_specs=specs)
+        elif not multi and pools and pools[0].gpu_type and q.spec.local_batch_by_type:
+            q = replace(q, spec=q.spec.on_type(pools[0].gpu_type))  # one type: its batch limit
         out.append(q)
     return out

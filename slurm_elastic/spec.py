@@ -52,6 +52,7 @@ def system_dir_of(path: str) -> str | None:
             return d
     return None
 _INT_RE = re.compile(r"^[0-9]{1,15}$")
+_PARTS_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}(\+[A-Za-z0-9_.\-]{1,64}){0,31}$")
 _FLOAT_RE = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?$")
 
 
@@ -104,6 +105,16 @@ class ElasticSpec:
     restart_s: float | None = None  # the user's estimate of checkpoint + restart time
     ckpt_dir: str | None = None  # where the job's checkpoints, stop acks and throughput reports go (%j = job id)
     max_failures: int = 0  # crash policy: requeue from the last checkpoint after up to this many failures
+    # Issue 23: a lower per-GPU batch limit on GPU types with less memory, ``(type, max_local_batch)``
+    # (spec key ``local_batch_by_type=t4:16|rtx:32``); ``max_local_batch`` is the limit on every other type.
+    local_batch_by_type: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    def on_type(self, gpu_type: str) -> ElasticSpec:
+        """The spec as it runs on ``gpu_type``: that type's per-GPU batch limit, when it has one."""
+        for t, lim in self.local_batch_by_type:
+            if t == gpu_type and lim != self.max_local_batch:
+                return replace(self, max_local_batch=lim, local_batch_by_type=())
+        return self
 
     def checkpoint_dir(self, job_id: int | str, work_dir: str | None = None) -> str | None:
         """The job's checkpoint directory: ``ckpt_dir`` with ``%j`` replaced by the job id, else the
@@ -232,6 +243,10 @@ class ElasticSpec:
                 if v:
                     parts.append("points=" + "|".join(f"{p.gpus}x{p.batch}@{_num(p.samples_per_s)}" for p in v))
                 continue
+            if f.name == "local_batch_by_type":
+                if v:
+                    parts.append("local_batch_by_type=" + "|".join(f"{t}:{n}" for t, n in v))
+                continue
             if v is None or v == f.default:
                 if f.name not in _REQUIRED:
                     continue
@@ -254,7 +269,10 @@ _INT_FIELDS = {
 }
 _FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
 MAX_FAILURES_LIMIT = 100
-_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures"}
+_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures",
+                                                  "local_batch_by_type"}
+MAX_TYPE_LIMITS = 16
+_TYPE_LIMIT_RE = re.compile(r"([A-Za-z0-9_.-]{1,64}):([0-9]{1,15})")
 _PATH_RE = re.compile(r"^/[A-Za-z0-9_./%+-]{0,255}$")
 
 
@@ -336,6 +354,22 @@ def _parse_points(value: str, job_id) -> tuple[ThroughputPoint, ...]:
     return tuple(pts)
 
 
+def _parse_type_limits(value: str, job_id) -> tuple[tuple[str, int], ...]:
+    items = value.split("|")
+    if len(items) > MAX_TYPE_LIMITS:
+        raise SpecError(f"at most {MAX_TYPE_LIMITS} GPU types", job_id=job_id, field="local_batch_by_type")
+    out: dict[str, int] = {}
+    for item in items:
+        m = _TYPE_LIMIT_RE.fullmatch(item)
+        if not m:
+            raise SpecError(f"expected TYPE:MAX_LOCAL_BATCH items joined by '|', got {item[:40]!r}", job_id=job_id,
+                            field="local_batch_by_type")
+        if m.group(1) in out:
+            raise SpecError(f"GPU type {m.group(1)!r} given twice", job_id=job_id, field="local_batch_by_type")
+        out[m.group(1)] = _parse_int(m.group(2), "local_batch_by_type", job_id, MAX_BATCH_LIMIT)
+    return tuple(out.items())
+
+
 def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
     """Parse an ``elastic:key=value,...`` comment into an :class:`ElasticSpec`; raise only SpecError."""
     if not isinstance(comment, str):
@@ -387,6 +421,8 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
                 raise SpecError(f"{value[:80]!r} is a system directory ({sysdir}); use a directory of your own",
                                 job_id=job_id, field=key)
             values[key] = value
+        elif key == "local_batch_by_type":
+            values[key] = _parse_type_limits(value, job_id)
         elif key == "profile":
             if not _NAME_RE.match(value):
                 raise SpecError(f"expected a profile name ([A-Za-z0-9_.-]), got {value!r}", job_id=job_id, field=key)
@@ -415,6 +451,11 @@ def validate_spec(spec: ElasticSpec, job_id: int | str | None = None, node_size:
             job_id=job_id,
             field="min_local_batch",
         )
+    for t, lim in spec.local_batch_by_type:
+        if not spec.min_local_batch <= lim <= spec.max_local_batch:
+            raise SpecError(f"the limit {lim} on {t} is outside [min_local_batch {spec.min_local_batch}, "
+                            f"max_local_batch {spec.max_local_batch}] (max_local_batch is the largest type's)",
+                            job_id=job_id, field="local_batch_by_type")
     if spec.batch is not None and not spec.min_batch <= spec.batch <= spec.max_batch:
         raise SpecError(
             f"batch {spec.batch} is outside [{spec.min_batch}, {spec.max_batch}]", job_id=job_id, field="batch"
@@ -476,11 +517,19 @@ class Decision:
     local_batch: int
     accum: int = 1
     seq: int = 0  # increases with every decision for this job, so a job can tell a stale one
+    # The partitions the job was submitted to, when the daemon pinned it to one of them (issue 23: a job
+    # moved between GPU types may go back; Slurm then shows only the pinned one). Root-only AdminComment.
+    parts: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.parts, tuple):  # read back from JSON (daemon/state.py): a list
+            object.__setattr__(self, "parts", tuple(self.parts))
 
     def to_admin_comment(self) -> str:
         return (
             f"{DECISION_PREFIX}gpus={self.gpus},nodes={self.nodes},batch={self.batch},"
             f"local_batch={self.local_batch},accum={self.accum},seq={self.seq}"
+            + (f",parts={'+'.join(self.parts)}" if self.parts else "")
         )
 
     def with_seq(self, seq: int) -> Decision:
@@ -492,9 +541,12 @@ def parse_decision(admin_comment: str | None, job_id: int | str | None = None) -
     if not admin_comment or not admin_comment.strip().startswith(DECISION_PREFIX):
         return None
     body = admin_comment.strip()[len(DECISION_PREFIX):]
-    values: dict[str, int] = {}
+    values: dict = {}
     for item in body.split(","):
         key, sep, value = item.partition("=")
+        if sep and key == "parts" and _PARTS_RE.match(value):
+            values["parts"] = tuple(value.split("+"))
+            continue
         if not sep or key not in ("gpus", "nodes", "batch", "local_batch", "accum", "seq"):
             raise SpecError(f"bad decision item {item!r}", job_id=job_id, field="admin_comment")
         if not _INT_RE.match(value):

@@ -2,8 +2,10 @@
 
 The single-pool instance of ``bench allocator`` (same seed, jobs, GPUs, node size) is split into ``P``
 pools of equal node count, GPU types cycling over Gavel's (k80, p100, v100) so that Gavel-profiled jobs
-run at each type's table; running jobs stay in the pool of their nodes; each pending job may use one
-pool (half of them) or two to four random pools. Prints the time (median of the runs after a warm-up),
+run at each type's table and every other job at its model scaled by the measured per-type prior
+(profiles/types.py); each job may use one pool (half of them) or two to four: a running job its own
+pool first, the others as moves (a restart there, issue 23); each pending job one or two to four
+random pools. Prints the time (median of the runs after a warm-up),
 the peak RSS, the objective, the bound and the optimality gap.
 """
 
@@ -22,7 +24,8 @@ import numpy as np
 def pools_problem(jobs: int, gpus: int, seed: int, node_size: int, pools: int):
     from slurm_elastic.commands.bench import random_problem
     from slurm_elastic.policies.base import Pool
-    from slurm_elastic.profiles.gavel import GAVEL_GPUS, GavelModel, gavel_model
+    from slurm_elastic.profiles.gavel import GAVEL_GPUS
+    from slurm_elastic.profiles.types import model_on_type
 
     base = random_problem(jobs, gpus, seed, node_size)
     caps = list(base.node_capacity or ())
@@ -38,18 +41,22 @@ def pools_problem(jobs: int, gpus: int, seed: int, node_size: int, pools: int):
     names = [p.name for p in out_pools]
     rng = np.random.default_rng(seed + 1)
     reqs = []
+    by_name = {p.name: p for p in out_pools}
+    on_type: dict = {}
     for r in base.jobs:
-        if r.running_gpus and r.nodes:
-            allowed = (pool_of[r.nodes[0]],)
-        elif r.running_gpus:
-            allowed = (names[int(rng.integers(pools))],)
-        else:
-            k = 1 if rng.random() < 0.5 else int(rng.integers(2, min(4, pools) + 1))
-            allowed = tuple(names[int(i)] for i in sorted(rng.choice(pools, size=k, replace=False)))
-        pm = ()
-        if isinstance(r.model, GavelModel):
-            pm = tuple((p.name, gavel_model(p.gpu_type, r.model.model)) for p in out_pools if p.name in allowed)
-        reqs.append(replace(r, pools=allowed, pool=allowed[0] if r.running_gpus else "", pool_models=pm))
+        k = 1 if rng.random() < 0.5 else int(rng.integers(2, min(4, pools) + 1))
+        allowed = tuple(names[int(i)] for i in sorted(rng.choice(pools, size=k, replace=False)))
+        if r.running_gpus:
+            home = pool_of[r.nodes[0]] if r.nodes else names[int(rng.integers(pools))]
+            allowed = (home,) + tuple(n for n in allowed if n != home)
+        pm = []
+        for name in allowed:
+            key = (id(r.model), by_name[name].gpu_type)
+            if key not in on_type:
+                on_type[key] = model_on_type(r.model, by_name[name].gpu_type)
+            if on_type[key] is not None and on_type[key] is not r.model:
+                pm.append((name, on_type[key]))
+        reqs.append(replace(r, pools=allowed, pool=allowed[0] if r.running_gpus else "", pool_models=tuple(pm)))
     return replace(base, jobs=tuple(reqs), pools=tuple(out_pools))
 
 

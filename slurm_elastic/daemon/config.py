@@ -10,6 +10,7 @@ is in ``docs/SYSADMIN.md``), and an error names the key; at SIGHUP the old confi
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -45,6 +46,9 @@ class DaemonConfig:
     watchdog_s: float = 600.0  # a cycle (or a stop) stuck this long ends the process (systemd restarts it); 0 = off
     lease_ttl_s: float = 90.0  # one daemon per cluster (daemon/lease.py); at least 3 polls; 0 = no lease
     backend: str = "auto"  # auto (pyslurm if it imports and matches Slurm's version, else cli) | cli | pyslurm
+    # GPU type -> per-GPU speed relative to the others, as the site measured it (issue 23): replaces the
+    # built-in prior (profiles/types.py TYPE_SPEED) for these types, until jobs' own reports say more
+    gpu_speed: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict:
@@ -79,6 +83,7 @@ RANGES: dict[str, tuple[float | None, float]] = {
 # end or freeze the job without a checkpoint, and a resize would then lose its work.
 SIGNALS = ("USR2", "USR1")
 _POLICIES = ("dp", "fixed-batch", "static")
+_TYPE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _LEVELS = ("debug", "info", "warning", "error")
 _BACKENDS = ("auto", "cli", "pyslurm")
 
@@ -127,6 +132,12 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
         elif isinstance(default, str):
             if not isinstance(value, str):
                 raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+        elif isinstance(default, dict):  # gpu_speed: type name -> a finite speed in (0, 1000]
+            if not isinstance(value, dict) or len(value) > 64 or not all(
+                    isinstance(t, str) and _TYPE_RE.match(t) and not isinstance(x, bool) and isinstance(x, (int, float))
+                    and math.isfinite(x) and 0 < x <= 1000 for t, x in value.items()):
+                raise ConfigError(f"{source}: {key} must map GPU type names to speeds in (0, 1000], got {value!r}")
+            value = {t.lower(): float(x) for t, x in value.items()}
         if key in RANGES:
             lo, hi = RANGES[key]
             if not (value > 0 if lo is None else value >= lo) or value > hi:

@@ -70,6 +70,7 @@ class Daemon:
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
         self.models = ModelRegistry()
+        self.models.ratios.speeds.update(config.gpu_speed)  # the site's measured GPU speeds (issue 23)
         self.rules = SiteRules(config.max_weight, config.state_dir)
         self.watchdog = Watchdog(config.watchdog_s)
         self.records: dict[int, JobRecord] = {}
@@ -213,6 +214,7 @@ class Daemon:
         self.config = cfg
         self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user)
         self.rules = SiteRules(cfg.max_weight, cfg.state_dir)
+        self.models.ratios.set_speeds(cfg.gpu_speed)
         self.watchdog.limit_s = cfg.watchdog_s
         if self.enactor:
             self.enactor.ack_timeout_s = cfg.ack_timeout_s
@@ -298,6 +300,7 @@ class Daemon:
                                                 allow_preemption=cfg.allow_preemption),
                 partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
                 left_alone=left_alone, partition_limits=self._partition_limits(),
+                model_for_type=self.models.model_for_type, note_nodes=self.models.note_nodes,
             )
         except SlurmError as e:
             return self._skip_cycle(e)

@@ -18,8 +18,11 @@ from slurm_elastic.daemon.userfiles import read_json as read_user_json
 from slurm_elastic.problem import JobInfo
 from slurm_elastic.profiles import Observation, ParametricModel, model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
-from slurm_elastic.profiles.learned import JobFacts, learn
+from slurm_elastic.profiles.learned import JobFacts, LearnedModel, learn
+from slurm_elastic.profiles.types import OnType, TypeRatios, measured_pairs, model_on_type
 from slurm_elastic.spec import ElasticSpec
+
+MAX_RATIO_JOBS = 2000  # finished jobs whose type ratios the cluster keeps learning from
 
 # The conservative default prior, until a job reports or names a profile: ~0.1 s compute per 100 samples
 # per GPU, all-reduce 10 ms + 2 ms per extra GPU, 20 ms more across nodes (about 85% efficiency at 8
@@ -53,6 +56,47 @@ class ModelRegistry:
     progress: dict = field(default_factory=dict)  # job id -> JobInfo for the policy (problem.JobInfo)
     notes: dict = field(default_factory=dict)  # job id -> what status shows of its claims
     trusted_noise: dict = field(default_factory=dict)  # job id -> its noise scale as far as it is trusted
+    # Issue 23: node -> GPU type (the daemon's last node read); job -> type -> (gpus, local, accum) ->
+    # Observation (what it reported while running on that type: a point the job later overwrites on
+    # another type is kept); job -> the type it last ran on; the type ratios learned across jobs.
+    node_types: dict = field(default_factory=dict)
+    typed_obs: dict = field(default_factory=dict)
+    last_type: dict = field(default_factory=dict)
+    ratios: TypeRatios = field(default_factory=TypeRatios)
+
+    def note_nodes(self, nodes) -> None:
+        self.node_types = {n.name: n.gpu_type for n in nodes}
+
+    def _type_now(self, job: JobRecord) -> str:
+        """The GPU type the job runs on now (its nodes' most common), else the one it last ran on."""
+        if job.is_running and job.nodes:
+            types = [self.node_types.get(n, "") for n in job.nodes]
+            t = max(set(types), key=types.count) if types else ""
+            if t:
+                self.last_type[job.job_id] = t
+                return t
+        return self.last_type.get(job.job_id, "")
+
+    def _by_type(self, job: JobRecord, obs: list[Observation], here: str) -> dict[str, list[Observation]]:
+        """The job's observations per GPU type: a point new or changed while it runs on ``here`` is
+        ``here``'s; one already seen keeps its type (a job's report does not say which type)."""
+        book = self.typed_obs.setdefault(job.job_id, {})
+        if here and job.is_running:
+            known = {(t, k): o.samples_per_s for t, d in book.items() for k, o in d.items()}
+            for o in obs:
+                key = (o.gpus, o.local_batch, o.accum)
+                if not any(known.get((t, key)) == o.samples_per_s for t in book):
+                    book.setdefault(here, {})[key] = o
+        out = {t: list(d.values()) for t, d in book.items() if d}
+        if len(out) > 1:
+            for (a, b), r in measured_pairs(out).items():
+                self.ratios.observe(job.job_id, a, b, r)
+        return out
+
+    def model_for_type(self, job: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str,
+                       home: str = "") -> ThroughputModel | None:
+        """The job's model on ``gpu_type`` (profiles.types.model_on_type) with this cluster's type ratios."""
+        return model_on_type(model, gpu_type, home, self.ratios)
 
     def _trusted(self, job: JobRecord, spec: ElasticSpec, report: dict | None, obs: list[Observation]) -> JobInfo:
         """What the policy ranks the job by: the GPU-seconds Slurm has shown it running (attained service,
@@ -157,20 +201,43 @@ class ModelRegistry:
         else:
             prior, kind = DEFAULT_MODEL, "prior"
         running = job.gpus_total if job.is_running else 0
-        key = (tuple(obs), id(prior), kind, running, spec.min_gpus, facts)
+        here = self._type_now(job)
+        typed = self._by_type(job, obs, here) if here else {}
+        if here and typed:  # its reports on the type it runs on (else the prior); the others per type
+            obs = typed.get(here, [])
+        key = (tuple(obs), id(prior), kind, running, spec.min_gpus, facts, here,
+               tuple((t, tuple(v)) for t, v in sorted(typed.items())))
         hit = self._models.get(job.job_id)
         if hit is not None and hit[0] == key:
             model = hit[1]
         else:
-            model = learn(prior, kind, obs, running_gpus=running, min_gpus=spec.min_gpus, facts=facts,
-                          name=f"job{job.job_id}")
+            src = max(typed, key=lambda t: len(typed[t])) if here and not obs and typed else ""
+            if src:  # nothing reported here yet: its reports on ``src``, scaled by the type ratio
+                base = learn(prior, kind, typed[src], min_gpus=spec.min_gpus, facts=facts, name=f"job{job.job_id}")
+                r = self.ratios.ratio(src, here) or (1.0, "unscaled")
+                model = LearnedModel(OnType(base, r[0], here, r[1]), provenance=f"{r[1]} from its {src} reports",
+                                     uncertainty=base.uncertainty + 0.2, facts=facts, name=f"job{job.job_id}",
+                                     max_gpus=max(running, spec.min_gpus) if running else None)
+            else:
+                model = learn(prior, kind, obs, running_gpus=running, min_gpus=spec.min_gpus, facts=facts,
+                              name=f"job{job.job_id}")
+            model.gpu_type = here
+            for t, o in typed.items():
+                if t != here:
+                    other = learn(prior, kind, o, min_gpus=spec.min_gpus, facts=facts, name=f"job{job.job_id}")
+                    other.gpu_type = t
+                    other.provenance = f"measured on {t}: {other.provenance}"
+                    model.by_type[t] = other
             self._models[job.job_id] = (key, model)
         note = ""
         if unverified:
             note = f", {unverified} unverified ignored"
         elif job.job_id in self.problems:
             note = " (report rejected)"
-        self.sources[job.job_id] = model.provenance + note + self._progress_note(job.job_id)
+        types = f" on {here}" if here and obs else ""
+        if model.by_type:
+            types += "; also measured on " + ", ".join(sorted(model.by_type))
+        self.sources[job.job_id] = model.provenance + types + note + self._progress_note(job.job_id)
         return model
 
     def _progress_note(self, job_id: int) -> str:
@@ -189,3 +256,6 @@ class ModelRegistry:
         self.problems = {j: v for j, v in self.problems.items() if j in live}
         self.signals = {k: v for k, v in self.signals.items() if k[0] in live}
         self.restarts = {k: v for k, v in self.restarts.items() if k[0] in live}
+        self.typed_obs = {j: v for j, v in self.typed_obs.items() if j in live}
+        self.last_type = {j: v for j, v in self.last_type.items() if j in live}
+        self.ratios.keep_last(MAX_RATIO_JOBS)  # finished jobs' ratios go on teaching the cluster

@@ -50,6 +50,11 @@ from slurm_elastic.policies._placement import solve_placeable
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation
 
 REQUIRED, FREE = 1, 2  # a job's standing in Q: must get its minimum somewhere / may get nothing
+# A running job moves only to a type that runs it at least this much faster per GPU (at its minimum, by its
+# models): never to a slower one. Measured on Sia's workload 1 (first 100 jobs): with moves in every
+# direction jobs were sent to one slow GPU and their rescale count then held them there (imagenet-11
+# 111 h, mean JCT 1.37 -> 4.9 h); upward only, no job can go back and forth.
+MOVE_MIN_GAIN = 0.1
 
 
 @dataclass
@@ -71,13 +76,25 @@ class PoolQ:
     minc: np.ndarray  # (job, pool) -> its minimum count there (0: no choice there)
     dp_job: list[np.ndarray] | None = None  # per pool: problem job index of each optimised position
     sc: np.ndarray | None = None  # (job, pool) -> ref_p / ref_best (the dense form of ``scale``)
+    home: dict[int, int] | None = None  # running job that may move -> the pool it runs in
+    move: np.ndarray | None = None  # per problem job: the value share a move keeps (1 - its restart share)
 
 
-def _with_model(req, model):
-    """``replace(req, model=model)`` without the dataclass machinery (thousands per cycle)."""
+def _with_model(req, model, spec=None):
+    """``replace(req, model=model[, spec=spec])`` without the dataclass machinery (thousands per cycle)."""
     new = object.__new__(type(req))
     new.__dict__.update(req.__dict__)
     new.__dict__["model"] = model
+    if spec is not None:
+        new.__dict__["spec"] = spec
+    return new
+
+
+def _moved(req, model, spec=None):
+    """A running job as a start in another pool: no GPUs there, no batch, no nodes (its restart is
+    charged in build_q, as a rescale of the pool it runs in)."""
+    new = _with_model(req, model, spec)
+    new.__dict__.update(running_gpus=0, running_batch=None, nodes=(), gpus_per_node=0)
     return new
 
 
@@ -87,7 +104,12 @@ def _sub_problems(problem: AllocationProblem):
     allowed: list[tuple[int, ...]] = []
     for req in problem.jobs:
         if req.running_gpus > 0 and req.pool in names:
-            allowed.append((names[req.pool],))
+            # its pool first; the other pools it may use when it can move (issue 23: a move is a restart
+            # in another pool, charged as a rescale, see build_q)
+            cur = names[req.pool]
+            away = () if req.frozen or not req.nodes else tuple(
+                names[n] for n in req.pools if n in names and names[n] != cur)
+            allowed.append((cur,) + away)
         elif req.running_gpus > 0 and req.nodes:
             where = Counter(node_pool[n] for n in req.nodes if n in node_pool)
             allowed.append((where.most_common(1)[0][0],) if where else ())
@@ -104,7 +126,11 @@ def _sub_problems(problem: AllocationProblem):
         for j in members[i]:
             req = problem.jobs[j]
             model = dict(req.pool_models).get(pool.name, req.model) if req.pool_models else req.model
-            jobs.append(req if model is req.model else _with_model(req, model))
+            spec = dict(req.pool_specs).get(pool.name) if req.pool_specs else None  # its batch limit there
+            if req.running_gpus > 0 and allowed[j][0] != i:
+                jobs.append(_moved(req, model, spec))  # there, it would start anew
+                continue
+            jobs.append(req if model is req.model and spec is None else _with_model(req, model, spec))
         subs.append(AllocationProblem(
             total_gpus=pool.total_gpus, node_size=pool.node_size or problem.node_size, jobs=tuple(jobs),
             horizon_s=problem.horizon_s, allow_preemption=problem.allow_preemption,
@@ -136,6 +162,18 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         refs[gj, i] = np.asarray(c.refs)[c.dp_jobs] if c.dp_jobs.size else 0.0
         seg.append((gj, lo, hi, counts))
     ref_best = np.where(minc > 0, refs, 0.0).max(axis=1) if P else np.zeros(n)
+    # a running job's choices in another pool are a restart: they keep the share its own pool's candidates
+    # keep for a rescale (their ``factor``), so a move pays exactly what a resize in place would
+    home = np.full(n, -1, np.int64)
+    move = np.ones(n)
+    for j, req in enumerate(problem.jobs):
+        if req.running_gpus > 0 and len(allowed[j]) > 1:
+            i = allowed[j][0]
+            home[j] = i
+            c = cands[i]
+            k = local[i][j]
+            pos = np.flatnonzero(c.dp_jobs == k)
+            move[j] = float(c.factor[pos[0]]) if pos.size else 0.0
     # Every objective's value is a speedup over the job's own reference count in that pool (completion:
     # weight x SRPT rank x speedup), so a faster type must be scaled in; p-norm values stay per pool.
     flat_scale = (objective == "pnorm") | (ref_best <= 0)
@@ -153,7 +191,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         mj = minc_l[j]
         opts = [i for i in allowed[j] if mj[i] > 0]
         if req.running_gpus > 0:
-            if opts and cands[opts[0]].status[local[opts[0]][j]] == ADMITTED:
+            cur = allowed[j][0] if allowed[j] else None
+            if cur is not None and mj[cur] > 0 and cands[cur].status[local[cur][j]] == ADMITTED:
                 standing[j] = REQUIRED
             else:
                 i = allowed[j][0] if allowed[j] else None
@@ -195,6 +234,13 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         idx = np.flatnonzero(keep)
         jf = jf[idx]
         v = cands[i].values[idx] * np.where(cnt[idx] > 0, sc[jf, i], 1.0)
+        away = (home[jf] >= 0) & (home[jf] != i)
+        if away.any():
+            v = np.where(away, v * move[jf], v)
+            up = sc[jf, i] >= (1.0 + MOVE_MIN_GAIN) * sc[jf, np.maximum(home[jf], 0)]
+            ok = ~away | up
+            if not ok.all():
+                jf, idx, v = jf[ok], idx[ok], v[ok]
         J.append(jf)
         Pi.append(np.full(idx.size, i, np.int64))
         F.append(idx)
@@ -207,7 +253,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     order = np.argsort(job_a, kind="stable")
     return PoolQ(cands, local, standing.tolist(), reasons, witness, job_a[order], cat(Pi, np.int64)[order],
                  cat(F, np.int64)[order], cat(W, np.int64)[order], cat(V, np.float64)[order],
-                 np.array([s.total_gpus for s in subs], np.int64), scale, minc, [x[0] for x in seg], sc)
+                 np.array([s.total_gpus for s in subs], np.int64), scale, minc, [x[0] for x in seg], sc,
+                 {j: int(i) for j, i in enumerate(home.tolist()) if i >= 0}, move)
 
 
 @njit(cache=True)
@@ -362,6 +409,22 @@ def _assign(q: PoolQ, picks: np.ndarray) -> dict[int, int]:
                 break
         else:
             return _from_witness(q, out)
+    return _fit_moves(q, out, room)
+
+
+def _fit_moves(q: PoolQ, out: dict[int, int], room: list[int]) -> dict[int, int]:
+    """Running jobs the prices send to another pool move there where their minimum fits in what is left
+    (priority order; the minimum they held at home goes back to it), else stay home."""
+    for j, h in sorted((q.home or {}).items()):
+        want = out.get(j, h)
+        if want == h:
+            continue
+        m = int(q.minc[j, want])
+        if 0 < m <= room[want]:
+            room[want] -= m
+            room[h] += int(q.minc[j, h])
+        else:
+            out[j] = h
     return out
 
 
@@ -370,6 +433,8 @@ def _from_witness(q: PoolQ, prices: dict[int, int]) -> dict[int, int]:
     where its minimum fits in what is left there (priority order): every step stays feasible."""
     out = dict(prices)
     out.update(q.witness)
+    moves = {j: prices.get(j, h) for j, h in (q.home or {}).items()}
+    out.update(q.home or {})  # running jobs at home first: every step below stays feasible
     room = [int(c.capacity) for c in q.cands]
     for j, i in q.witness.items():
         room[i] -= int(q.minc[j, i])
@@ -390,7 +455,8 @@ def _from_witness(q: PoolQ, prices: dict[int, int]) -> dict[int, int]:
         while js and back:
             a, b = js.pop(0), back.pop(0)
             out[a], out[b] = r, p
-    return out
+    out.update(moves)
+    return _fit_moves(q, out, room)
 
 
 def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str):
@@ -415,6 +481,12 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     pos = np.repeat(np.arange(lens.size), lens)
     counts = c.cols[0].astype(np.int64)
     s = np.where(q.minc[gj, i] > 0, q.sc[gj, i], 1.0) if gj.size else np.zeros(0)
+    if gj.size and q.home:
+        away = np.array([q.home.get(int(j), i) != i for j in gj.tolist()])
+        s = np.where(away, s * q.move[gj], s)  # a running job's start here is a move: a restart
+    # a running job admitted here that moved to another pool leaves its minimum here
+    gone = (~take) & (st_k == ADMITTED) & (assign[gj] >= 0) if gj.size else np.zeros(0, bool)
+    freed = int(q.minc[gj[gone], i].sum()) if gone.any() else 0
     keep_item = take[pos] & ~(req_opt[pos] & (counts == 0))
     flat = np.flatnonzero(keep_item)
     kp = pos[flat]
@@ -433,8 +505,14 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
             status[k] = ADMITTED
     weights = np.where(req_opt[kp], kc - base[kp], c.weights[flat].astype(np.int64))
     keep_jobs = dp_k[take]
-    capacity = int(c.capacity) - int(base.sum())
-    sub = replace(c, status=status, reasons=reasons, capacity=max(0, capacity),
+    capacity = int(c.capacity) + freed - int(base.sum())
+    problem = c.problem
+    if freed:  # the jobs that move away leave their nodes here free (placement replays from them)
+        jobs = list(problem.jobs)
+        for k in dp_k[gone].tolist():
+            jobs[k] = _moved(jobs[k], jobs[k].model)
+        problem = replace(problem, jobs=tuple(jobs))
+    sub = replace(c, problem=problem, status=status, reasons=reasons, capacity=max(0, capacity),
                   dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
                   cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat],
                   factor=c.factor[take], gross=c.gross[flat] * sc)
@@ -524,6 +602,11 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         a = allocs[i].jobs[req.job_id]
         pool = problem.pools[i].name
         why = a.reason + (f"; pool {pool}" if a.gpus else "")
+        if a.gpus and q.home and q.home.get(j, i) != i:
+            why += f" (moved from {problem.pools[q.home[j]].name}: a restart)"
+        there = dict(req.pool_models).get(pool) if a.gpus and req.pool_models else None
+        if getattr(there, "provenance", None):  # where its speed on this type comes from (issue 23)
+            why += f" (speed on {problem.pools[i].gpu_type}: {there.provenance})"
         if a.gpus and pool in req.unscaled_pools:
             why += f" (no {problem.pools[i].gpu_type} throughput data: its model unscaled)"
         out[req.job_id] = JobAllocation(a.job_id, a.gpus, a.nodes, a.batch, a.local_batch, a.accum,
@@ -536,4 +619,7 @@ def _min_fits(q: PoolQ, assign: dict[int, int]) -> bool:
     for j, i in assign.items():
         if q.standing[j] == REQUIRED and j in q.witness:
             need[i] += int(q.minc[j, i])
+        elif q.standing[j] == REQUIRED and q.home and j in q.home and i != q.home[j]:
+            need[i] += int(q.minc[j, i])  # a move: its minimum there, and back at home
+            need[q.home[j]] -= int(q.minc[j, q.home[j]])
     return all(need[i] <= int(q.cands[i].capacity) for i in need)

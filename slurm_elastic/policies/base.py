@@ -50,6 +50,9 @@ class JobRequest:
     # ``model``. ``unscaled_pools``: typed pools where it has no per-type data (``model`` used unscaled).
     pool_models: tuple[tuple[str, ThroughputModel], ...] = ()
     unscaled_pools: tuple[str, ...] = ()
+    # Its spec per pool whose GPU type has its own per-GPU batch limit (issue 23, spec
+    # ``local_batch_by_type``); other pools use ``spec``.
+    pool_specs: tuple[tuple[str, ElasticSpec], ...] = ()
 
     @property
     def is_running(self) -> bool:

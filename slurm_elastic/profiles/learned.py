@@ -69,6 +69,16 @@ class LearnedModel(ThroughputModel):
         app = getattr(inner, "app", None)
         if app is not None:
             self.app = app  # keeps the Pollux validation-data efficiency (profiles/goodput.py) reachable
+        # Issue 23: the GPU type its reports come from ("" unknown), and its models on the other types it
+        # reported on (profiles/types.py asks :meth:`on_type` first)
+        self.gpu_type = ""
+        self.by_type: dict[str, LearnedModel] = {}
+
+    def on_type(self, gpu_type: str) -> LearnedModel | None:
+        """Its model on ``gpu_type`` from its own reports there; None if it never reported there."""
+        if gpu_type and gpu_type == self.gpu_type:
+            return self
+        return self.by_type.get(gpu_type)
 
     @property
     def noise_scale(self) -> float | None:

@@ -30,6 +30,7 @@ import pytest
 from slurm_elastic.daemon.config import load_config
 from slurm_elastic.daemon.loop import Daemon
 from slurm_elastic.demo import write_daemon_config
+from slurm_elastic.spec import parse_decision
 from tests.chroot_paths import same_path_on_host
 
 pytestmark = [pytest.mark.slurm]
@@ -54,6 +55,15 @@ def stop(signum, frame):
 signal.signal(signal.SIGUSR2, stop)
 while True:
     time.sleep(0.5)
+"""
+
+
+STEPPED = """\
+if rank == 0:
+    os.makedirs(ckpt, exist_ok=True)
+    with open(os.path.join(ckpt, "throughput.json.tmp"), "w") as f:
+        json.dump({"job_id": job, "points": [], "starts": [{"restart_count": restart, "first_step": time.time()}]}, f)
+    os.replace(os.path.join(ckpt, "throughput.json.tmp"), os.path.join(ckpt, "throughput.json"))
 """
 
 
@@ -182,3 +192,62 @@ def _run(c, work: Path) -> None:
         for j in ids:
             c.run_tool("scancel", str(j))
         _scontrol(c, "update", f"NodeName={DRAINED}", "State=RESUME")
+
+
+def test_daemon_moves_a_job_to_the_fast_type_when_it_frees(pools_cluster):
+    """Issue 23 live: a job allowed on both types, started on the slow one (a100 here: the site says v100
+    runs 3x faster, ``gpu_speed``) while a rigid job fills the fast one, is moved to the fast one once it
+    frees: a restart in the other partition, its gres left untyped as submitted (22.05 never retypes a
+    typed request), at that type's per-GPU batch limit (``local_batch_by_type``: 16 on a100, so 2 x 16 x 2
+    accumulation there and 2 x 32 x 1 on v100)."""
+    c = pools_cluster
+    work = c.job_dir("pools-move")
+    with same_path_on_host(c, work):
+        work.chmod(0o755)
+        # the acker that also reports its first step at each start (the planner moves no job before one)
+        (work / "acker.py").write_text(ACKER.replace("signal.signal(", STEPPED + "signal.signal(", 1))
+        cfg_path = work / "elastic.toml"
+        write_daemon_config(cfg_path, work / "state", 9789)
+        cfg_path.write_text(cfg_path.read_text().replace("cooldown_s = 8", "cooldown_s = 2").replace(
+            "restart_cost_s = 5", "restart_cost_s = 2") + 'metrics_address = ""\npartitions = ["a100", "v100"]\n'
+            "gpu_speed = {a100 = 1.0, v100 = 3.0}\n")
+        d = Daemon(load_config(cfg_path), backend=c.backend)
+        ids: list[int] = []
+        d.open()
+        try:
+            blocker = c.sbatch(["-p", "v100", "--gres=gpu:v100:8", "-N2", "--job-name=pools-blocker", "-o",
+                                "/dev/null", "--wrap", "sleep 300"], cwd=work)
+            ids.append(blocker)
+            spec = ("elastic:min_gpus=2,max_gpus=2,min_batch=64,max_batch=64,max_local_batch=32,batch=64,"
+                    "max_accum=2,local_batch_by_type=a100:16")
+            job = _submit(c, work, "mover", ["-p", "a100,v100", "--gres=gpu:1"], spec)
+            ids.append(job)
+
+            def wait(pred, what, limit=120):
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < limit:
+                    d.cycle()
+                    r = c.backend.get_job(job)
+                    if r is not None and pred(r):
+                        return r
+                    time.sleep(1)
+                raise AssertionError((what, c.backend.get_job(job), d.db.decisions()[-6:]))
+
+            first = wait(lambda r: r.is_running and set(r.nodes) <= A100, "started on a100")
+            d1 = parse_decision(first.admin_comment, job)
+            assert (d1.gpus, d1.local_batch, d1.accum) == (2, 16, 2) and d1.parts == ("a100", "v100")
+            assert first.partition == "a100" and first.gpu_type == ""
+            t0 = time.monotonic()
+            c.run_tool("scancel", str(blocker))
+            moved = wait(lambda r: r.is_running and set(r.nodes) <= V100, "moved to v100", limit=180)
+            d2 = parse_decision(moved.admin_comment, job)
+            print(f"job {job}: a100 {first.nodes} {d1} -> v100 {moved.nodes} {d2} in {time.monotonic() - t0:.0f} s "
+                  f"(partition {moved.partition}, gres type {moved.gpu_type or 'untyped'}, restarts {moved.restart_count})")
+            assert (d2.gpus, d2.local_batch, d2.accum) == (2, 32, 1)
+            assert moved.partition == "v100" and moved.gpu_type == "" and moved.restart_count >= 1
+            moves = [x for x in d.db.decisions() if x["job_id"] == job and x["action"] == "resize"]
+            assert moves and "moved from a100:a100" in moves[-1]["reason"], moves
+        finally:
+            d.close()
+            for j in ids:
+                c.run_tool("scancel", str(j))

@@ -141,8 +141,18 @@ def test_planner_pins_the_chosen_pool_and_places_only_on_its_nodes():
                         2: JobAllocation(2, 4, 1, 8, 2, pool="v100:v100")})
     p = pl.plan(alloc, views, {}, 0.0, capacity=12, node_size=4, node_free={"a1": 4, "v1": 8}, pools=pools)
     starts = {a.job_id: a for a in p.of_kind("start")}
-    assert starts[1].partition == "v100" and starts[1].gpu_type == "v100"
-    assert starts[2].partition is None and starts[2].gpu_type == "v100"  # already its only partition
+    # each partition holds one GPU type: the partition pins it, the gres stays as submitted (issue 23:
+    # Slurm 22.05 never retypes a typed request), and the other partitions stay in the decision
+    assert starts[1].partition == "v100" and starts[1].gpu_type is None
+    assert starts[1].decision.parts == ("a100", "v100")
+    assert starts[2].partition is None and starts[2].gpu_type is None  # already its only partition
+    # a partition with two GPU types: the nodes of the other type are excluded, the gres stays untyped
+    mixed = (Pool("p:a100", "a100", ("p",), (("a1", 4),), 4), Pool("p:v100", "v100", ("p",), (("v1", 8),), 8))
+    alloc2 = Allocation({2: JobAllocation(2, 4, 1, 8, 2, pool="p:v100")})
+    p2 = pl.plan(alloc2, [pl.JobView(2, pl.PENDING, spec=spec, partitions=("p",))], {}, 0.0, capacity=12,
+                 node_size=4, node_free={"a1": 4, "v1": 8}, pools=mixed)
+    s2 = p2.of_kind("start")[0]
+    assert s2.gpu_type is None and s2.exclude_nodes == ("a1",) and s2.partition is None
     # a third 4-GPU start in v100 does not fit there, though a1 is free: it waits
     views.append(pl.JobView(3, pl.PENDING, spec=spec, partitions=("v100",)))
     alloc.jobs[3] = JobAllocation(3, 4, 1, 8, 2, pool="v100:v100")

@@ -83,9 +83,16 @@ def test_two_pools_jobs_get_their_pools_and_per_type_models():
     assert [p.total_gpus for p in prob.pools] == [8, 16] and prob.total_gpus == 24
     q = {r.job_id: r for r in prob.jobs}
     assert q[1].pools == ("a100:a100", "v100:v100") and q[1].pool == ""
-    assert q[3].pools == ("a100:a100",) and q[3].pool == "a100:a100"  # running: stays in its pool
-    # a100 has no Gavel table: the model is used unscaled there, and that is recorded
-    assert q[1].unscaled_pools == ("a100:a100",) and q[1].pool_models == ()
+    # running: its pool first, then the others it may move to (issue 23)
+    assert q[3].pools == ("a100:a100", "v100:v100") and q[3].pool == "a100:a100"
+    # a100 has no Gavel table: the measured per-type prior scales the V100 table (issue 23: never unscaled)
+    m = dict(q[1].pool_models)["a100:a100"]
+    assert q[1].unscaled_pools == () and m.provenance == "type prior"
+    assert m.samples_per_s(1, 1, 32) == pytest.approx(gv.samples_per_s(1, 1, 32) * 1.79 / 1.82)
+    # a type nothing is known of: unscaled, and that is recorded
+    odd = [n if n.gpu_type != "a100" else replace(n, gpu_type="h200") for n in TWO_POOLS]
+    q1 = {r.job_id: r for r in build(jobs, odd, model=gv).problem.jobs}[1]
+    assert q1.unscaled_pools == ("a100:h200",)
 
 
 def test_gavel_job_gets_the_other_types_table():

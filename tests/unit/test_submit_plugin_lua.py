@@ -72,6 +72,15 @@ EXAMPLES = [
     BASE + ",max_failures=-1",
     BASE + ",max_failures=0002",
     BASE + ",max_failures=1.0",
+    # issue 23: per-type per-GPU batch limits
+    BASE + ",local_batch_by_type=t4:128|rtx:256",
+    BASE + ",local_batch_by_type=t4:1024",
+    BASE + ",min_local_batch=64,local_batch_by_type=t4:32",
+    BASE + ",local_batch_by_type=t4:128|t4:64",
+    BASE + ",local_batch_by_type=t4:0",
+    BASE + ",local_batch_by_type=t4",
+    BASE + ",local_batch_by_type=t4:12|",
+    BASE + ",local_batch_by_type=" + "|".join(f"g{i}:8" for i in range(17)),
 ]
 
 
@@ -81,8 +90,9 @@ def test_known_examples_agree():
 
 
 KEYS = ["min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch", "batch", "gpus", "weight",
-        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir", "max_failures"]
-value = st.one_of(st.integers(0, 5000).map(str), st.sampled_from(["x", "1.5", "", "/t/%j", "cifar10", "2e3"]))
+        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir", "max_failures", "local_batch_by_type"]
+value = st.one_of(st.integers(0, 5000).map(str), st.sampled_from(["x", "1.5", "", "/t/%j", "cifar10", "2e3",
+                                                                    "t4:16", "t4:16|a100:600", "t4:0"]))
 spec_text = st.dictionaries(st.sampled_from(KEYS), value, min_size=3, max_size=9).map(
     lambda d: "elastic:" + ",".join(f"{k}={v}" for k, v in d.items()))
 

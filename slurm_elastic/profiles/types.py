@@ -1,0 +1,182 @@
+"""A job's speed on each GPU type, before it has run there. Pure: no I/O.
+
+Why (issue 23): a pending job's model was the same in every pool, so a T4 start looked as good as an
+A100 start, and what a job reported on one type was used as-is on another. A job's model on GPU type
+``t`` is, first found first:
+
+1. **measured** -- the model knows its own numbers on ``t`` (``model.on_type(t)``: the job reported
+   there, profiles/learned.py; or a per-type table such as Sia's);
+2. **table** -- a Gavel table for the job's Gavel family on a Gavel type (profiles/gavel.py);
+3. **type ratio from N jobs** -- its model on the type its numbers come from (``home``), scaled by how
+   much faster ``t`` ran than ``home`` for the cluster's own jobs that reported on both
+   (:class:`TypeRatios`), shrunk toward the prior ratio while N is small;
+4. **type prior** -- scaled by :data:`TYPE_SPEED`, the measured per-GPU speed of each type;
+5. none (an unknown type): the allocator uses the model unscaled and says so.
+
+A model whose ``home`` type is unknown (a prior or profile never run on this cluster) is anchored at
+T4 (:data:`ANCHOR`): Pollux's and Sia's base tables were measured on T4s. Only ratios between pools
+matter to the allocator, so the anchor changes no choice between types.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from slurm_elastic.profiles.base import ThroughputModel
+
+# Per-GPU samples/s relative to a T4, single GPU, geometric mean over the measured models and every local
+# batch measured on both types. Sia's artifact (SOSP'23, traces/<model>/placements-<cluster>.csv; six
+# models: bert cifar10 deepspeech2 imagenet ncf yolov3): rtx 1.12, quadro 1.44, a100 1.79, v100 (dgx)
+# 1.82. Gavel's (OSDI'20, seven models) against its v100: k80 0.28, p100 0.86 -> 0.50 and 1.56 here.
+# The spread across models is wide (a100: 0.94x for ncf to 4.07x for bert): a job's own reports and the
+# cluster's ratios replace this prior as soon as they exist.
+# Sia's own cluster names are aliases: aws (T4), rtx (2080Ti), quad (Quadro), azure 0.99, dgx (V100),
+# dgx-ext (A100).
+TYPE_SPEED: Mapping[str, float] = {
+    "k80": 0.50, "t4": 1.0, "aws": 1.0, "azure": 0.99, "rtx": 1.12, "rtx2080ti": 1.12, "2080ti": 1.12,
+    "quadro": 1.44, "quad": 1.44, "p100": 1.56, "a100": 1.79, "dgx-ext": 1.79, "v100": 1.82, "dgx": 1.82,
+}
+ANCHOR = "t4"
+PRIOR_WEIGHT = 2.0  # the prior ratio counts as this many jobs against the cluster's own ratios
+
+
+def type_speed(gpu_type: str) -> float | None:
+    return TYPE_SPEED.get((gpu_type or "").lower())
+
+
+class OnType(ThroughputModel):
+    """``inner`` scaled to another GPU type by ``ratio`` (samples/s multiplied, step time divided), with
+    where the ratio comes from. Everything else the job reported (noise scale, restart cost, facts) is the
+    inner model's."""
+
+    def __init__(self, inner: ThroughputModel, ratio: float, gpu_type: str, provenance: str):
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise ValueError(f"type ratio must be finite and positive, got {ratio!r}")
+        self.inner, self.ratio, self.gpu_type, self.provenance = inner, float(ratio), gpu_type, provenance
+        self.name = getattr(inner, "name", "")
+        self.source = f"{provenance} (x{self.ratio:.2f} of {getattr(inner, 'source', self.name)})"
+
+    def __getattr__(self, attr):  # noise_scale, base_batch, restart_s, facts, app, max_gpus, ...
+        if attr == "inner":
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    def __repr__(self) -> str:
+        return f"OnType({self.gpu_type}, x{self.ratio:.3g}, {self.provenance!r}, inner={self.inner!r})"
+
+    def step_time(self, gpus: int, nodes: int, local_batch: int) -> tuple[float, float]:
+        step, sync = self.inner.step_time(gpus, nodes, local_batch)
+        return step / self.ratio, sync / self.ratio
+
+    def step_times(self, gpus, nodes, local_batch):
+        step, sync = self.inner.step_times(gpus, nodes, local_batch)
+        return step / self.ratio, sync / self.ratio
+
+
+class TypeRatios:
+    """How much faster one GPU type ran than another for the cluster's own jobs: per job, its latest
+    measured ratio (samples/s on ``b`` over ``a`` at the same GPU count and batch); per pair, the geometric
+    mean over jobs, shrunk toward the prior (:data:`TYPE_SPEED`) with weight :data:`PRIOR_WEIGHT`."""
+
+    def __init__(self, speeds: Mapping[str, float] | None = None):
+        self._by_job: dict[object, dict[tuple[str, str], float]] = {}
+        # the prior: the built-in measured table, with what the site measured (daemon ``gpu_speed``) over it
+        self.set_speeds(speeds or {})
+
+    def observe(self, job_id, a: str, b: str, ratio: float) -> None:
+        a, b = a.lower(), b.lower()
+        if a == b or not (math.isfinite(ratio) and ratio > 0):
+            return
+        d = self._by_job.pop(job_id, {})
+        self._by_job[job_id] = d  # the latest observed last
+        d[(a, b)] = float(ratio)
+        d.pop((b, a), None)
+
+    def set_speeds(self, speeds: Mapping[str, float]) -> None:
+        """The prior again: the built-in table with ``speeds`` over it (a reloaded site table)."""
+        self.speeds = {**TYPE_SPEED, **{k.lower(): float(v) for k, v in speeds.items()}}
+
+    def keep_last(self, n: int) -> None:
+        """Keep the ``n`` jobs observed last (a bounded memory that outlives the jobs)."""
+        if len(self._by_job) > n:
+            self._by_job = dict(list(self._by_job.items())[-n:])
+
+    def ratio(self, a: str, b: str) -> tuple[float, str] | None:
+        """(speed on ``b`` / speed on ``a``, provenance), or None when nothing is known of the pair."""
+        a, b = (a or ANCHOR).lower(), (b or "").lower()
+        if a == b:
+            return 1.0, "measured"
+        logs = []
+        for d in self._by_job.values():
+            if (a, b) in d:
+                logs.append(math.log(d[(a, b)]))
+            elif (b, a) in d:
+                logs.append(-math.log(d[(b, a)]))
+        sa, sb = self.speeds.get(a), self.speeds.get(b)
+        prior = math.log(sb / sa) if sa and sb else None
+        if logs:
+            n = len(logs)
+            w = PRIOR_WEIGHT if prior is not None else 0.0
+            v = (sum(logs) + w * (prior or 0.0)) / (n + w)
+            return math.exp(v), f"type ratio from {n} job{'s' if n != 1 else ''}"
+        if prior is not None:
+            return math.exp(prior), "type prior"
+        return None
+
+
+def measured_pairs(obs_by_type: Mapping[str, list]) -> dict[tuple[str, str], float]:
+    """Per pair of types a job reported on, its ratio: the geometric mean of samples/s on ``b`` over ``a``
+    at the (GPU count, local batch, accumulation) configurations measured on both. ``obs_by_type``: type ->
+    profiles.parametric.Observation list."""
+    keyed = {t: {(o.gpus, o.local_batch, o.accum): o.samples_per_s for o in obs if o.samples_per_s > 0}
+             for t, obs in obs_by_type.items() if t}
+    out = {}
+    types = sorted(keyed)
+    for i, a in enumerate(types):
+        for b in types[i + 1:]:
+            common = keyed[a].keys() & keyed[b].keys()
+            if common:
+                out[(a, b)] = math.exp(sum(math.log(keyed[b][c] / keyed[a][c]) for c in common) / len(common))
+    return out
+
+
+def measured_on(model: ThroughputModel) -> str:
+    """The GPU type a model's numbers are for ("" unknown): its ``gpu_type``, or a Gavel table's."""
+    from slurm_elastic.profiles.gavel import GavelModel
+
+    m = model
+    for _ in range(4):
+        t = getattr(m, "gpu_type", "") or (m.gpu if isinstance(m, GavelModel) else "")
+        if t:
+            return str(t)
+        m = getattr(m, "inner", None)
+        if m is None:
+            break
+    return ""
+
+
+def model_on_type(model: ThroughputModel, gpu_type: str, home: str = "",
+                  ratios: TypeRatios | None = None) -> ThroughputModel | None:
+    """The job's model on ``gpu_type`` (module docstring); ``home``: the type its numbers come from ("" =
+    unknown: the anchor). None when nothing is known of ``gpu_type``."""
+    t = (gpu_type or "").lower()
+    if not t:
+        return None
+    own = getattr(model, "on_type", None)
+    if callable(own):
+        m = own(t)
+        if m is not None:
+            return m
+    from slurm_elastic.profiles.gavel import model_on_type as gavel_on_type
+
+    g = gavel_on_type(model, t)
+    if g is not None:
+        return g
+    home = (home or measured_on(model)).lower()
+    if home == t:
+        return model
+    r = (ratios or TypeRatios()).ratio(home, t)
+    if r is None:
+        return None
+    return OnType(model, r[0], t, r[1])
