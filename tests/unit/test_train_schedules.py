@@ -152,3 +152,185 @@ def test_plain_pytorch_step_scheduler_is_counted_in_samples(tmp_path):
 
     log = run_starts(tmp_path, one_start)
     check_curve(log, "plain PyTorch")
+
+
+# ------------------------------------------------------------------ Lightning
+
+
+def _lightning_start(ckpt, batch, stop_after, log, counters, *, scheduler="lambda", kwargs=True, loader=True):
+    import lightning as L
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from slurm_elastic.train.integrations.lightning import ElasticLightning
+
+    elastic = ElasticLightning(ckpt, default_batch=batch, max_local_batch=12, env=ENV, verbose=False,
+                               noise_scale=False)
+    loop = elastic.loop
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net()
+            self.rows, self.n_this = [], 0
+
+        def on_train_batch_start(self, batch, batch_idx):
+            if loop.micro == 0:
+                self.rows = []
+                self.s0, self.gs0 = elastic.job.samples_seen, self.trainer.global_step
+                self.ep0 = (self.trainer.current_epoch, elastic.epoch)
+                self.lr0 = self.trainer.optimizers[0].param_groups[0]["lr"]  # what LearningRateMonitor reads
+
+        def training_step(self, batch, batch_idx):
+            idx, x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            if loop.micro_batches(loop.plan)[loop.micro][1] > 0:
+                self.rows.append((idx.tolist(), float(loss.detach()) * len(idx)))
+            self.log("train_loss", loss)
+            return loss
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if loop.plan is None:  # the step ended
+                ids = [i for r, _ in self.rows for i in r]
+                log.append((self.s0, self.lr0, ids, sum(v for _, v in self.rows) / len(ids)))
+                counters.append((self.gs0, self.trainer.global_step, *self.ep0))
+                self.n_this += 1
+                if stop_after is not None and self.n_this == stop_after:
+                    elastic.job.flag.request()
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+            if scheduler == "lambda":
+                return {"optimizer": opt, "lr_scheduler": {
+                    "scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lam), "interval": "step"}}
+            if scheduler == "plateau":
+                return {"optimizer": opt, "lr_scheduler": {
+                    "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt), "monitor": "train_loss"}}
+            return opt
+
+    es = EarlyStopping(monitor="train_loss", patience=1000, check_on_train_epoch_end=True)
+    tk = elastic.trainer_kwargs() if kwargs else {"accelerator": "cpu", "devices": 1}
+    if kwargs:
+        tk["callbacks"] = [*tk["callbacks"], es]
+    trainer = L.Trainer(max_epochs=EPOCHS, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        **tk)
+    dl = elastic.dataloader(DS()) if loader else torch.utils.data.DataLoader(DS(), batch_size=12)
+    trainer.fit(Net(), train_dataloaders=dl)
+    counters.append(("es", es.wait_count, float(es.best_score)))
+
+
+def test_lightning_step_scheduler_is_counted_in_samples_and_counters_continue(tmp_path):
+    pytest.importorskip("lightning")
+    counters: list = []
+    log = run_starts(tmp_path, lambda c, b, s, lg: _lightning_start(c, b, s, lg, counters))
+    check_curve(log, "Lightning")
+    steps = [c for c in counters if c[0] != "es"]
+    assert [c[0] for c in steps] == list(range(len(steps))), steps  # global_step continues over starts
+    assert all(c[1] == c[0] + 1 for c in steps)
+    assert all(c[2] == c[3] for c in steps), steps  # current_epoch is the data epoch
+    es = [c for c in counters if c[0] == "es"]
+    assert len(es) == 1 and math.isfinite(es[0][2])  # EarlyStopping ran to the end with its restored state
+
+
+def test_lightning_mistakes_fail_at_start(tmp_path):
+    pytest.importorskip("lightning")
+    flag = global_stop_flag()
+    cases = {
+        "plateau": ({"scheduler": "plateau"}, "cannot be counted in samples"),
+        "no trainer kwargs": ({"kwargs": False}, "elastic.trainer_kwargs()"),
+        "plain DataLoader": ({"loader": False}, "not slurm-elastic's"),
+    }
+    for i, (what, (kw, msg)) in enumerate(cases.items()):
+        with pytest.raises((RuntimeError, ValueError)) as e:
+            _lightning_start(tmp_path / f"ck{i}", 24, None, [], [], **kw)
+        flag.uninstall()
+        flag.clear()
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        assert msg in str(e.value), (what, str(e.value))
+
+
+# ------------------------------------------------------------------ Hugging Face Trainer
+
+
+def _hf_start(ckpt, batch, stop_after, log, states):
+    from transformers import TrainerCallback, TrainingArguments
+
+    from slurm_elastic.train.integrations.hf import ElasticTrainer, elastic_setup
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net()
+
+        def forward(self, x, labels, idx=None):
+            logits = self.net(x)
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    class HFDS(torch.utils.data.Dataset):
+        def __init__(self):
+            self.X, self.Y = data()
+
+        def __len__(self):
+            return N
+
+        def __getitem__(self, i):
+            return {"x": self.X[i], "labels": self.Y[i], "idx": i}
+
+    job = elastic_setup(ckpt, default_batch=batch, max_local_batch=12, env=ENV, verbose=False, noise_scale=False)
+
+    class T(ElasticTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            idx = inputs.pop("idx")
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            lp = self.elastic_loop
+            if lp.micro == 0:
+                self._rows = []
+                self._s0 = lp.job.samples_seen
+            if lp.micro_batches(lp.plan)[lp.micro][1] > 0:
+                self._rows.append((idx.tolist(), float(loss.detach()) * lp.plan.count / len(idx) * len(idx)
+                                   / lp.job.world_size / lp.accum))
+            return loss
+
+    class Rec(TrainerCallback):
+        n_this = 0
+
+        def on_step_end(self, args, state, control, **kw):
+            rows = trainer._rows
+            ids = [i for r, _ in rows for i in r]
+            log.append((trainer._s0, None, ids, None))
+            self.n_this += 1
+            if stop_after is not None and self.n_this == stop_after:
+                job.flag.request()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "learning_rate" in logs:
+                states.append((state.global_step, logs["learning_rate"], logs["loss"], state.epoch))
+
+    args = TrainingArguments(output_dir=str(ckpt.parent / "hf"), num_train_epochs=EPOCHS, learning_rate=0.1,
+                             lr_scheduler_type="linear", warmup_steps=2, optim="sgd", weight_decay=0.0,
+                             max_grad_norm=0.0, report_to=[], save_strategy="no", logging_steps=1,
+                             disable_tqdm=True, use_cpu=True, seed=3, remove_unused_columns=False)
+    trainer = T(job=job, model=Model(), args=args, train_dataset=HFDS(), callbacks=[Rec()])
+    trainer.train()
+
+
+def test_hf_schedule_is_counted_in_samples_and_trainer_state_continues(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import get_scheduler
+
+    states: list = []
+    log = run_starts(tmp_path, lambda c, b, s, lg: _hf_start(c, b, s, lg, states))
+    dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = get_scheduler("linear", optimizer=dummy, num_warmup_steps=2, num_training_steps=TOTAL_STEPS)
+    fn = ref.lr_lambdas[0]
+    seen = 0
+    assert [st[0] for st in states] == list(range(1, len(log) + 1)), states  # global_step continues
+    for (s0, _, ids, _), (_, lr, _, epoch) in zip(log, states, strict=True):
+        assert s0 == seen
+        assert lr == pytest.approx(0.1 * fn(s0 / BASE), rel=1e-9, abs=1e-12), (s0, lr)  # the logged lr = applied
+        seen += len(ids)
+        assert epoch == pytest.approx(seen / N)  # the data epoch over all starts
+    assert seen == EPOCHS * N
+    print(f"HF: {len(log)} steps at batches {[b for b, _ in STARTS]}; logged lr = linear warm-up/decay "
+          f"schedule of batch 24 at samples/24; global_step 1..{states[-1][0]}, epoch {states[-1][3]}")
