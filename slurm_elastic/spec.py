@@ -104,6 +104,7 @@ class ElasticSpec:
     restart_s: float | None = None  # the user's estimate of checkpoint + restart time
     ckpt_dir: str | None = None  # where the job's checkpoints, stop acks and throughput reports go (%j = job id)
     max_failures: int = 0  # crash policy: requeue from the last checkpoint after up to this many failures
+    resume: str = "auto"  # "must": continuing a run; no checkpoint in ckpt_dir is an error, not a fresh start
 
     def checkpoint_dir(self, job_id: int | str, work_dir: str | None = None) -> str | None:
         """The job's checkpoint directory: ``ckpt_dir`` with ``%j`` replaced by the job id, else the
@@ -254,7 +255,7 @@ _INT_FIELDS = {
 }
 _FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
 MAX_FAILURES_LIMIT = 100
-_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures"}
+_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures", "resume"}
 _PATH_RE = re.compile(r"^/[A-Za-z0-9_./%+-]{0,255}$")
 
 
@@ -375,6 +376,10 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
                 raise SpecError(f"expected an integer 0..{MAX_FAILURES_LIMIT}, got {value[:40]!r}",
                                 job_id=job_id, field=key)
             values[key] = int(value)
+        elif key == "resume":
+            if value not in ("auto", "must"):
+                raise SpecError(f"expected auto or must, got {value[:40]!r}", job_id=job_id, field=key)
+            values[key] = value
         elif key == "ckpt_dir":
             if not _PATH_RE.match(value) or "/../" in value + "/" or "%" in value.replace("%j", ""):
                 raise SpecError(

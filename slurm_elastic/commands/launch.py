@@ -65,6 +65,15 @@ def task_layout(env) -> tuple[int, int, list[str]]:
     return nodes, ntasks, args
 
 
+def _resume_must(comment: str | None) -> bool:
+    from slurm_elastic.spec import SpecError, parse_spec
+
+    try:
+        return (comment or "").strip().startswith("elastic:") and parse_spec(comment).resume == "must"
+    except SpecError:
+        return False  # the job's own start reports the bad spec
+
+
 def _ckpt_dir(job_id: str, comment: str | None) -> str:
     from slurm_elastic.train.ckptdir import checkpoint_dir
 
@@ -105,6 +114,9 @@ def launch(srun_bin, use_torchrun, command):
         except SpecError as e:
             raise click.ClickException(str(e)) from e
     ckpt = os.environ["ELASTIC_CKPT_DIR"]
+    if _resume_must(comment) and not os.path.isdir(ckpt):
+        raise click.ClickException(f"resume=must but the checkpoint directory {ckpt} does not exist (a typo in "
+                                   "ckpt_dir=? resume=auto starts from scratch)")
     os.makedirs(ckpt, exist_ok=True)
     cmd = list(command)
     python = env.get("ELASTIC_PYTHON") or sys.executable

@@ -276,7 +276,8 @@ class ElasticJob:
                 a = self._resolve_assignment()
                 payload = {"ok": True, **{k: getattr(a, k) for k in
                                           ("global_batch", "local_batch", "accum", "source", "seq")},
-                           "requested_batch": a.spec.requested_batch if a.spec is not None else None}
+                           "requested_batch": a.spec.requested_batch if a.spec is not None else None,
+                           "resume": getattr(a.spec, "resume", None) if a.spec is not None else None}
             except Exception as e:
                 store.set(_ASSIGN_KEY, json.dumps({"ok": False, "error": str(e)}))
                 raise
@@ -290,6 +291,8 @@ class ElasticJob:
             self.assignment = Assignment(info["global_batch"], info["local_batch"], info["accum"], self.world_size,
                                          info["source"], info["seq"], None)
             self._requested_batch = info["requested_batch"]
+        if (payload if self.rank == 0 else info).get("resume") == "must":
+            self.resume = "must"  # the spec's resume=must (the resubmit line `slurm-elastic stop` prints)
         a = self.assignment
         self.log(f"world size {self.world_size} on {self.senv.num_nodes} node(s), backend {self.ctx.backend}, "
                  f"master {self.ctx.master_addr}:{self.ctx.master_port}; global batch {a.global_batch} = "
@@ -382,6 +385,7 @@ class ElasticJob:
             found = load_checkpoint(self.ckpt_dir, path=p) if p else None
         # The lr each param group is written for (the scheduler's base lrs, else the script's lr), taken
         # before the checkpoint's optimizer state overwrites it with the lr last applied.
+        self._applied_lrs = None  # the checkpoint's optimizer state brings the lr it last applied
         if self.schedule is not None:
             self._base_lrs = list(self.schedule.base_lrs)
             self.schedule.neutralize(self._current_lrs)
@@ -622,6 +626,7 @@ class ElasticJob:
         so loggers and ``get_last_lr()`` read the lr actually used."""
         if self.optimizer is None or self._base_lrs is None:
             return
+        self._check_lr_unchanged()
         groups = self.optimizer.param_groups
         if len(groups) != len(self._base_lrs):
             raise RuntimeError(f"the optimizer has {len(groups)} param groups, it had {len(self._base_lrs)} at "
@@ -637,9 +642,12 @@ class ElasticJob:
             self.schedule.scheduler._last_lr = list(lrs)
 
     def lr_for_step(self) -> None:
-        """Before each optimizer step (every path): refuse an lr changed behind the library's back (an
-        unregistered scheduler stepping per optimizer step would silently break at a batch change),
-        then set this step's lr."""
+        """Before each optimizer step (every path): this step's lr (the noise scale may have moved it)."""
+        self.apply_lr()
+
+    def _check_lr_unchanged(self) -> None:
+        """Refuse an lr changed behind the library's back: an unregistered scheduler stepping per optimizer
+        step would silently end early or late at a batch change."""
         if self._applied_lrs is not None:
             for i, (g, want) in enumerate(zip(self.optimizer.param_groups, self._applied_lrs, strict=False)):
                 have = float(g["lr"])
@@ -649,7 +657,6 @@ class ElasticJob:
                         f"{have:.6g}): an lr scheduler stepping per optimizer step would end early or late once "
                         "the batch changes. Register it (job.prepare(..., scheduler=sched) / "
                         "job.register(scheduler=sched)) so that it is counted in samples, or use lr_schedule=")
-        self.apply_lr()
 
     # ---------------------------------------------------------------- throughput, stop, finish
     def throughput(self) -> float | None:

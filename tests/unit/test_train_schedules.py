@@ -334,3 +334,44 @@ def test_hf_schedule_is_counted_in_samples_and_trainer_state_continues(tmp_path)
     assert seen == EPOCHS * N
     print(f"HF: {len(log)} steps at batches {[b for b, _ in STARTS]}; logged lr = linear warm-up/decay "
           f"schedule of batch 24 at samples/24; global_step 1..{states[-1][0]}, epoch {states[-1][3]}")
+
+
+def test_resume_must_refuses_a_missing_directory_or_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ElasticJob(tmp_path / "typo", resume="must", env=ENV, verbose=False)
+    (tmp_path / "empty").mkdir()
+    job = ElasticJob(tmp_path / "empty", resume="must", default_batch=8, env=ENV, verbose=False, noise_scale=False)
+    job.setup()
+    m = net()
+    try:
+        with pytest.raises(FileNotFoundError, match="no checkpoint"):
+            job.prepare(m, torch.optim.SGD(m.parameters(), lr=0.1))
+    finally:
+        job._teardown()
+        global_stop_flag().uninstall()
+
+
+def test_unconvertible_or_unregistered_schedulers_fail_before_training_goes_wrong(tmp_path):
+    m = net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    job = ElasticJob(tmp_path / "a", default_batch=24, env=ENV, verbose=False, noise_scale=False)
+    with pytest.raises(ScheduleError, match="lr_schedule=lambda samples"):
+        job.register(model=m, optimizer=opt, scheduler=torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=9))
+    global_stop_flag().uninstall()
+    # A scheduler the library does not know about, stepped per optimizer step: refused at the next step.
+    job = ElasticJob(tmp_path / "b", default_batch=24, env=ENV, verbose=False, noise_scale=False)
+    job.setup()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    ddp = job.prepare(m, opt)
+    X, Y = data()
+    try:
+        with pytest.raises(RuntimeError, match="changed outside slurm-elastic"):
+            for step in job.steps(N, 1):
+                for mb in step.micro_batches():
+                    torch.nn.functional.cross_entropy(ddp(X[mb.indices]), Y[mb.indices]).backward()
+                step.optimizer_step()
+                sched.step()
+    finally:
+        job._teardown()
+        global_stop_flag().uninstall()
