@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("daemon", "plan", "Print what the daemon's next cycle would do, without doing it."),
     "launch": ("launch", "launch", "Start one start of an elastic job's tasks (in its batch script)."),
     "stop": ("stop", "stop", "Checkpoint a running elastic job now and end it (checkpoint kept)."),
+    "check": ("check", "check", "Pre-flight a training script: stop, checkpoint, exact resume at 1 and 2 processes."),
 }
 
 

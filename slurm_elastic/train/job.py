@@ -160,7 +160,9 @@ class ElasticJob:
                                     "(check the path; resume='auto' starts from scratch)")
         self._total_samples_arg = None if total_samples is None else int(total_samples)
         self.seed = int(seed)
-        self.default_batch = default_batch
+        # `slurm-elastic check` runs the script at other batches and stops it at a given step.
+        self.default_batch = int(self.env["ELASTIC_BATCH"]) if self.env.get("ELASTIC_BATCH") else default_batch
+        self._stop_at_step = int(self.env["ELASTIC_STOP_AT_STEP"]) if self.env.get("ELASTIC_STOP_AT_STEP") else None
         self.max_local_batch = max_local_batch
         self.lr_scaling = lr_scaling
         self.base_batch = base_batch
@@ -678,6 +680,8 @@ class ElasticJob:
         self.optimizer_steps += 1
         self._steps_this_start += 1
         self.apply_lr()
+        if self._stop_at_step is not None and self.optimizer_steps >= self._stop_at_step:
+            self.flag.request("ELASTIC_STOP_AT_STEP")  # taken at the next step boundary, as a USR2 would be
         if self._steps_this_start > self.throughput_warmup_steps:
             self._tp_steps += 1
             self._tp_samples += count
