@@ -65,6 +65,12 @@ def task_layout(env) -> tuple[int, int, list[str]]:
     return nodes, ntasks, args
 
 
+def _explain_requeue(say, restart, ack) -> None:
+    say(f"start {restart}: checkpoint is safe ({ack}). A resize by the daemon requeues the job now, and Slurm "
+        "then logs 'CANCELLED ... DUE TO JOB REQUEUE' and 'srun: error: ... Terminated': those lines are the "
+        "resize, not a failure")
+
+
 def _resume_must(comment: str | None) -> bool:
     from slurm_elastic.spec import SpecError, parse_spec
 
@@ -166,14 +172,24 @@ def launch(srun_bin, use_torchrun, command):
     proc.append(subprocess.Popen([srun_bin, *srun_args, *cmd]))
     if early:
         on_usr2(signal.SIGUSR2, None)
-    rc = proc[0].wait()
+    # The explanation of the requeue lines is printed as soon as the ack exists: the daemon requeues the
+    # job when it reads the ack, which can kill this shell before the tasks have exited.
+    explained = False
+    while True:
+        try:
+            rc = proc[0].wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            if not explained and ack_path(ckpt, job_id, restart).exists():
+                explained = True
+                _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
     acked = ack_path(ckpt, job_id, restart).exists()
     say(f"start {restart}: training step ended with exit code {rc} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
     if rc != EXIT_CHECKPOINTED and not acked:
         sys.exit(rc if 0 <= rc < 256 else 1)
-    say(f"start {restart}: checkpoint is safe ({ack_path(ckpt, job_id, restart)}). Waiting to be requeued: "
-        "a resize by the daemon requeues the job now, and Slurm then logs 'CANCELLED ... DUE TO JOB REQUEUE' "
-        "and 'srun: error: ... Terminated'; those lines are the resize, not a failure")
+    if not explained:
+        _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
+    say(f"start {restart}: waiting to be requeued")
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     wait_s = int(env.get("ELASTIC_REQUEUE_WAIT", "60") or 60)
     deadline = time.monotonic() + wait_s

@@ -269,6 +269,9 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
             gsteps = [int(x.split()[0]) for x in (j["out"] / f).read_text().splitlines()]
             if gsteps != list(range(1, len(steps) + 1)):
                 bad.append(f"{name}: global_step over the starts {gsteps}")
+        joblog = (j["dir"] / "job.out").read_text(errors="replace")
+        if joblog.count("those lines are the resize") < 2:  # printed before the requeue kills launch
+            bad.append(f"{name}: the job log does not explain the requeue lines of each resize")
         if not row.get("progress") or row.get("progress") == "unused":
             bad.append(f"{name}: status DONE empty ({row.get('progress')!r})")
         if not (str(row.get("model", "")).startswith("fitted") and (row.get("noise_scale") or 0) > 0):
