@@ -59,3 +59,30 @@ def test_the_elastic_example_runs_as_documented(name, tmp_path):
         out = p.stdout + p.stderr
         assert "finished:" in out, out[-3000:]
     assert (tmp_path / "elastic-ckpt" / "checkpoint.pt").exists()
+
+
+def test_the_local_daemon_page_config_loads_and_its_commands_exist():
+    import tomllib
+
+    from click.testing import CliRunner
+
+    from slurm_elastic.cli import main
+    from slurm_elastic.daemon.config import config_from_dict
+
+    doc = (REPO / "docs" / "LOCAL-DAEMON.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)\n```", doc, re.S)
+    assert blocks
+    for block in blocks:
+        cfg = config_from_dict(tomllib.loads(block), "LOCAL-DAEMON.md")
+        assert cfg.metrics_port != 9788  # the page's point: not the default a second daemon collides on
+    for sh in re.findall(r"```sh\n(.*?)\n```", doc, re.S):
+        for line in sh.splitlines():
+            words = line.split("#")[0].split()
+            if words[:1] == ["slurm-elastic"]:
+                sub = [w for w in words[1:3] if not w.startswith("-") and w.isalpha()][:2]
+                r = CliRunner().invoke(main, [*sub, "--help"])
+                assert r.exit_code == 0, (line, r.output)
+                for w in words[1 + len(sub):]:
+                    if not w.startswith("--"):
+                        break  # a positional: what follows is the script's own arguments
+                    assert w.split("=")[0] in r.output, (line, w)
