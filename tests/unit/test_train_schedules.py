@@ -375,3 +375,31 @@ def test_unconvertible_or_unregistered_schedulers_fail_before_training_goes_wron
     finally:
         job._teardown()
         global_stop_flag().uninstall()
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: torch.optim.lr_scheduler.StepLR(o, 3, gamma=0.5),
+    lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [2, 5], gamma=0.3),
+    lambda o: torch.optim.lr_scheduler.ConstantLR(o, factor=0.5, total_iters=4),
+    lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.1, total_iters=5),
+    lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.9),
+    lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=8, eta_min=0.01),
+    lambda o: torch.optim.lr_scheduler.PolynomialLR(o, total_iters=8, power=2.0),
+    lambda o: torch.optim.lr_scheduler.LambdaLR(o, [lambda s: 0.9 ** s, lambda s: 1 / (1 + s)]),
+])
+def test_converted_schedulers_give_torchs_lr_at_every_step_for_every_param_group(make):
+    from slurm_elastic.train.schedule import SampleSchedule
+
+    def opt():
+        return torch.optim.SGD([{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.2},
+                                {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 0.05}], lr=0.1)
+
+    ref_opt = opt()
+    ref = make(ref_opt)
+    conv = SampleSchedule(make(opt()))
+    for k in range(10):
+        want = [g["lr"] for g in ref_opt.param_groups]
+        got = [b * f for b, f in zip(conv.base_lrs, conv.factors(float(k)), strict=True)]
+        assert got == pytest.approx(want, rel=1e-12), (k, got, want)
+        ref_opt.step()
+        ref.step()
