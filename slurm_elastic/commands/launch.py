@@ -172,23 +172,14 @@ def launch(srun_bin, use_torchrun, command):
     proc.append(subprocess.Popen([srun_bin, *srun_args, *cmd]))
     if early:
         on_usr2(signal.SIGUSR2, None)
-    # The explanation of the requeue lines is printed as soon as the ack exists: the daemon requeues the
-    # job when it reads the ack, which can kill this shell before the tasks have exited.
-    explained = False
-    while True:
-        try:
-            rc = proc[0].wait(timeout=0.5)
-            break
-        except subprocess.TimeoutExpired:
-            if not explained and ack_path(ckpt, job_id, restart).exists():
-                explained = True
-                _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
+    # The library's rank 0 explains the requeue lines in the job log before it writes the ack (the
+    # daemon's requeue can end this shell before the tasks have exited); said again here when it did not.
+    rc = proc[0].wait()
     acked = ack_path(ckpt, job_id, restart).exists()
     say(f"start {restart}: training step ended with exit code {rc} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
     if rc != EXIT_CHECKPOINTED and not acked:
         sys.exit(rc if 0 <= rc < 256 else 1)
-    if not explained:
-        _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
+    _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
     say(f"start {restart}: waiting to be requeued")
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     wait_s = int(env.get("ELASTIC_REQUEUE_WAIT", "60") or 60)

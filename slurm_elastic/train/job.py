@@ -744,6 +744,11 @@ class ElasticJob:
                    "global_batch": self.assignment.global_batch, "time": time.time(),
                    "exit_code": protocol.EXIT_CHECKPOINTED}
             if self.senv.job_id is not None:
+                # Before the ack: the daemon requeues the job as soon as it reads it, which can end the
+                # batch shell (and `launch`) before they print anything.
+                self.log("checkpointed for a stop: if the daemon resizes the job it requeues it now, and Slurm "
+                         "then logs 'CANCELLED ... DUE TO JOB REQUEUE' and 'srun: error: ... Terminated': those "
+                         "lines are the resize, not a failure")
                 protocol.atomic_write_json(
                     protocol.ack_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count), ack)
                 self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")
