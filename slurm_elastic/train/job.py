@@ -50,8 +50,8 @@ from .dist import DistContext, init_distributed
 from .lock import acquire_rank0_lock, release_rank0_lock
 from .lr import LRScaler
 from .noise import GradientNoise
-from .schedule import SampleSchedule
 from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
+from .schedule import SampleSchedule
 from .signals import install_stop_handler
 from .slurm_env import JobRecordText, SlurmEnv, read_job_record
 
