@@ -184,7 +184,7 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
                                    capture_output=True, timeout=30)
                 elif not j["fast"]:
                     # The last start has reported steps at its size (the workers write the report after every step);
-                    # status must show the daemon's fitted model and the job's noise scale. Then finish.
+                    # status must show the daemon's fitted model, the job's noise scale and DONE. Then finish.
                     st = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "status", "--json",
                                          "--state-dir", str(state_dir)], env=c.env, capture_output=True,
                                         text=True, timeout=60)
@@ -192,7 +192,9 @@ def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
                     row = j["status"][0]
                     j.setdefault("asked", time.monotonic())
                     fitted = str(row.get("model", "")).startswith("fitted") and row.get("noise_scale")
-                    if fitted or time.monotonic() - j["asked"] > 30:
+                    # DONE counts once the job has run the trust rule's probation (claims.py, 60 s).
+                    done_shown = row.get("progress") not in (None, "unused")
+                    if (fitted and done_shown) or time.monotonic() - j["asked"] > 90:
                         (j["out"] / "fast").touch()
                         j["fast"] = True
             time.sleep(1.0)
