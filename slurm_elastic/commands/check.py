@@ -128,8 +128,9 @@ def check_script(script: str, args: tuple[str, ...], *, batch: int = 8, steps: i
             problems.append(f"the resume is not exact: after the same steps at the same global batch, 1 process "
                             f"uninterrupted and 1 -> 2 processes differ by {diff:.2e} (tolerance {tol:g}). "
                             "Something decides the data order or the math outside the job's seed: a sampler or "
-                            "shuffle of your own (use the elastic loader), unseeded augmentation or dropout "
-                            "state, or a model built before seeding.")
+                            "shuffle of your own (use the elastic loader), unseeded augmentation, dropout (its "
+                            "random state is per process: a resume cannot repeat it; p=0 for this check, or a "
+                            "larger --tolerance), or a model built before seeding.")
         say(f"4. resume at 2 processes, batch {2 * batch}, one more step")
         grow = _run(script, args, work / "b", procs=2, batch=2 * batch, stop_at=2 * steps + 1, timeout_s=timeout_s)
         if grow.steps != 2 * steps + 1:
