@@ -403,3 +403,34 @@ def test_converted_schedulers_give_torchs_lr_at_every_step_for_every_param_group
         assert got == pytest.approx(want, rel=1e-12), (k, got, want)
         ref_opt.step()
         ref.step()
+
+
+def test_hf_plain_trainer_after_elastic_setup_fails_at_the_first_step(tmp_path):
+    pytest.importorskip("transformers")
+    import torch.distributed as dist
+    from transformers import Trainer, TrainingArguments
+
+    from slurm_elastic.train.integrations.hf import elastic_setup
+
+    X, Y = data()
+    ds = [{"x": X[i], "labels": Y[i]} for i in range(N)]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net()
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.cross_entropy(self.net(x), labels)}
+
+    job = elastic_setup(tmp_path / "ck", default_batch=24, env=ENV, verbose=False, noise_scale=False)
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), num_train_epochs=1, report_to=[], save_strategy="no",
+                             disable_tqdm=True, use_cpu=True, remove_unused_columns=False)
+    try:
+        with pytest.raises(RuntimeError, match="ElasticTrainer"):
+            Trainer(model=Model(), args=args, train_dataset=ds).train()
+    finally:
+        global_stop_flag().uninstall()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        job._teardown()

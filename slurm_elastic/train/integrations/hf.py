@@ -48,6 +48,9 @@ def elastic_setup(ckpt_dir: str | os.PathLike | None = None, **job_kwargs) -> El
     """
     job = ElasticJob(ckpt_dir, **job_kwargs)
     job.setup()
+    # Refuses an optimizer step before an ElasticTrainer restored the job (a plain Trainer after
+    # elastic_setup() would train without checkpoints and ignore stops).
+    job._hf_loop = ExternalLoop(job, "train with ElasticTrainer(job=job, ...), not Trainer")
     os.environ.update({
         "RANK": str(job.rank), "WORLD_SIZE": str(job.world_size),
         "LOCAL_RANK": str(job.device.index if job.device.type == "cuda" else job.senv.local_rank),
@@ -107,7 +110,7 @@ class _ElasticHFCallback(TrainerCallback):
 
 class ElasticTrainer(Trainer):
     def __init__(self, *args, job: ElasticJob, **kwargs):
-        self.elastic_loop = ExternalLoop(job)
+        self.elastic_loop = getattr(job, "_hf_loop", None) or ExternalLoop(job, "use ElasticTrainer")
         super().__init__(*args, **kwargs)
         a, targs = job.assignment, self.args
         if targs.world_size != job.world_size:

@@ -198,7 +198,7 @@ class ElasticLightning:
     def __init__(self, ckpt_dir: str | os.PathLike | None = None, **job_kwargs):
         self.job = ElasticJob(ckpt_dir, **job_kwargs)
         self.job.setup()
-        self.loop = ExternalLoop(self.job)
+        self.loop = ExternalLoop(self.job, "pass **elastic.trainer_kwargs() to L.Trainer")
 
     @property
     def epoch(self) -> int:

@@ -35,8 +35,17 @@ from ..sampler import StepPlan, epoch_permutation, plan_step
 
 
 class ExternalLoop:
-    def __init__(self, job: ElasticJob):
+    def __init__(self, job: ElasticJob, fix: str = "use the integration's Trainer arguments"):
         self.job = job
+        # Until the framework's hooks restore the job, any optimizer step means the integration is not
+        # wired (no checkpoint, stops ignored): refuse it at the first step, saying what to add.
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        import torch.distributed as dist
+
+        self._pg = dist.group.WORLD if dist.is_initialized() else None  # the job's process group
+        self._guard = register_optimizer_step_pre_hook(self._unwired_step)
+        self._fix = fix
         self.dataset_size: int | None = None
         self.epochs: int | None = None
         self.plan: StepPlan | None = None
@@ -84,6 +93,7 @@ class ExternalLoop:
 
     def restore(self, *, model, optimizer, scheduler=None, epochs: int, **user_objects) -> bool:
         """Register the framework's model/optimizer (unwrapped), load the checkpoint, hook the optimizer."""
+        self._guard.remove()
         if self.dataset_size is None:
             raise RuntimeError("the training DataLoader is not slurm-elastic's: its batch sampler never ran (use "
                                "elastic.dataloader(dataset) with Lightning, ElasticTrainer's own with HF)")
@@ -97,6 +107,15 @@ class ExternalLoop:
         if self.job.noise is not None:
             self.job.noise.attach(model)
         return found
+
+    def _unwired_step(self, optimizer, args, kwargs) -> None:  # noqa: ARG002 - torch hook signature
+        import torch.distributed as dist
+
+        if self.job.lr is not None or not dist.is_initialized() or dist.group.WORLD is not self._pg:
+            self._guard.remove()  # restored, or the job is gone: nothing to guard
+            return
+        raise RuntimeError(f"an optimizer step ran but slurm-elastic never restored the job, so it would train "
+                           f"without checkpoints and ignore the daemon's stops: {self._fix}")
 
     @property
     def finished(self) -> bool:
