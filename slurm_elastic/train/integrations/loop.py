@@ -39,9 +39,8 @@ class ExternalLoop:
         self.job = job
         # Until the framework's hooks restore the job, any optimizer step means the integration is not
         # wired (no checkpoint, stops ignored): refuse it at the first step, saying what to add.
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
         import torch.distributed as dist
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._pg = dist.group.WORLD if dist.is_initialized() else None  # the job's process group
         self._guard = register_optimizer_step_pre_hook(self._unwired_step)
