@@ -185,6 +185,11 @@ function elastic_spec_error(comment)
           return fail(key, "expected an integer 0..100, got '" .. value .. "'")
         end
         s[key] = tonumber(value)
+      elseif key == "resume" then
+        if value ~= "auto" and value ~= "must" then
+          return fail(key, "expected auto or must, got '" .. string.sub(value, 1, 40) .. "'")
+        end
+        s[key] = value
       elseif key == "ckpt_dir" then
         local rest = string.gsub(value, "%%j", "")
         if not string.find(value, "^/[A-Za-z0-9_./%%+-]*$") or #value > 256 or string.find(rest, "%%")

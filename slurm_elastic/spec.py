@@ -115,6 +115,7 @@ class ElasticSpec:
             if t == gpu_type and lim != self.max_local_batch:
                 return replace(self, max_local_batch=lim, local_batch_by_type=())
         return self
+    resume: str = "auto"  # "must": continuing a run; no checkpoint in ckpt_dir is an error, not a fresh start
 
     def checkpoint_dir(self, job_id: int | str, work_dir: str | None = None) -> str | None:
         """The job's checkpoint directory: ``ckpt_dir`` with ``%j`` replaced by the job id, else the
@@ -270,7 +271,7 @@ _INT_FIELDS = {
 _FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
 MAX_FAILURES_LIMIT = 100
 _KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures",
-                                                  "local_batch_by_type"}
+                                                  "local_batch_by_type", "resume"}
 MAX_TYPE_LIMITS = 16
 _TYPE_LIMIT_RE = re.compile(r"([A-Za-z0-9_.-]{1,64}):([0-9]{1,15})")
 _PATH_RE = re.compile(r"^/[A-Za-z0-9_./%+-]{0,255}$")
@@ -409,6 +410,10 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
                 raise SpecError(f"expected an integer 0..{MAX_FAILURES_LIMIT}, got {value[:40]!r}",
                                 job_id=job_id, field=key)
             values[key] = int(value)
+        elif key == "resume":
+            if value not in ("auto", "must"):
+                raise SpecError(f"expected auto or must, got {value[:40]!r}", job_id=job_id, field=key)
+            values[key] = value
         elif key == "ckpt_dir":
             if not _PATH_RE.match(value) or "/../" in value + "/" or "%" in value.replace("%j", ""):
                 raise SpecError(

@@ -65,6 +65,21 @@ def task_layout(env) -> tuple[int, int, list[str]]:
     return nodes, ntasks, args
 
 
+def _explain_requeue(say, restart, ack) -> None:
+    say(f"start {restart}: checkpoint is safe ({ack}). A resize by the daemon requeues the job now, and Slurm "
+        "then logs 'CANCELLED ... DUE TO JOB REQUEUE' and 'srun: error: ... Terminated': those lines are the "
+        "resize, not a failure")
+
+
+def _resume_must(comment: str | None) -> bool:
+    from slurm_elastic.spec import SpecError, parse_spec
+
+    try:
+        return (comment or "").strip().startswith("elastic:") and parse_spec(comment).resume == "must"
+    except SpecError:
+        return False  # the job's own start reports the bad spec
+
+
 def _ckpt_dir(job_id: str, comment: str | None) -> str:
     from slurm_elastic.train.ckptdir import checkpoint_dir
 
@@ -105,6 +120,9 @@ def launch(srun_bin, use_torchrun, command):
         except SpecError as e:
             raise click.ClickException(str(e)) from e
     ckpt = os.environ["ELASTIC_CKPT_DIR"]
+    if _resume_must(comment) and not os.path.isdir(ckpt):
+        raise click.ClickException(f"resume=must but the checkpoint directory {ckpt} does not exist (a typo in "
+                                   "ckpt_dir=? resume=auto starts from scratch)")
     os.makedirs(ckpt, exist_ok=True)
     cmd = list(command)
     python = env.get("ELASTIC_PYTHON") or sys.executable
@@ -154,14 +172,15 @@ def launch(srun_bin, use_torchrun, command):
     proc.append(subprocess.Popen([srun_bin, *srun_args, *cmd]))
     if early:
         on_usr2(signal.SIGUSR2, None)
+    # The library's rank 0 explains the requeue lines in the job log before it writes the ack (the
+    # daemon's requeue can end this shell before the tasks have exited); said again here when it did not.
     rc = proc[0].wait()
     acked = ack_path(ckpt, job_id, restart).exists()
     say(f"start {restart}: training step ended with exit code {rc} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
     if rc != EXIT_CHECKPOINTED and not acked:
         sys.exit(rc if 0 <= rc < 256 else 1)
-    say(f"start {restart}: checkpoint is safe ({ack_path(ckpt, job_id, restart)}). Waiting to be requeued: "
-        "a resize by the daemon requeues the job now, and Slurm then logs 'CANCELLED ... DUE TO JOB REQUEUE' "
-        "and 'srun: error: ... Terminated'; those lines are the resize, not a failure")
+    _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
+    say(f"start {restart}: waiting to be requeued")
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     wait_s = int(env.get("ELASTIC_REQUEUE_WAIT", "60") or 60)
     deadline = time.monotonic() + wait_s

@@ -25,10 +25,11 @@ ACK_MAX_BYTES = 64 * 1024  # the daemon's bound for the same file
 
 
 def resubmit_hint(comment: str, ckpt_dir: str) -> str:
-    """The spec for a new job that continues from ``ckpt_dir`` (ckpt_dir= pinned to that directory)."""
+    """The spec for a new job that continues from ``ckpt_dir`` (ckpt_dir= pinned to that directory, and
+    resume=must: a mistyped directory then fails at start instead of training from scratch)."""
     body = comment.strip()[len("elastic:"):]
-    items = [i for i in body.split(",") if i.strip() and not i.strip().startswith("ckpt_dir=")]
-    return "elastic:" + ",".join([*items, f"ckpt_dir={ckpt_dir}"])
+    items = [i for i in body.split(",") if i.strip() and not i.strip().startswith(("ckpt_dir=", "resume="))]
+    return "elastic:" + ",".join([*items, f"ckpt_dir={ckpt_dir}", "resume=must"])
 
 
 @click.command()

@@ -519,7 +519,8 @@ class Daemon:
                 + (plan_reason.get(v.job_id) or (a.reason if a else "") or ""),
             })
         active = {j.job_id for j in records}
-        self.models.evidence.forget_except(active)
+        self.models.evidence.forget_except(active, self.models.owners)
+        self.models.owners = {j: o for j, o in self.models.owners.items() if j in active}
         for d in (self.models.sources, self.models.problems):
             for jid in [j for j in d if j not in active]:
                 del d[jid]

@@ -56,6 +56,7 @@ class ModelRegistry:
     progress: dict = field(default_factory=dict)  # job id -> JobInfo for the policy (problem.JobInfo)
     notes: dict = field(default_factory=dict)  # job id -> what status shows of its claims
     trusted_noise: dict = field(default_factory=dict)  # job id -> its noise scale as far as it is trusted
+    owners: dict = field(default_factory=dict)  # job id -> (user, checkpoint dir read): lineage (reports.py)
     # Issue 23: node -> GPU type (the daemon's last node read); job -> type -> (gpus, local, accum) ->
     # Observation (what it reported while running on that type: a point the job later overwrites on
     # another type is kept); job -> the type it last ran on; the type ratios learned across jobs.
@@ -135,9 +136,13 @@ class ModelRegistry:
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return [], None, 0
+        self.owners[job.job_id] = (job.user, d)
         try:
             data = read_user_json(d, THROUGHPUT_NAME, job.user_id)
-            points = validate_report(data, job.job_id) if data is not None else []
+            old = None
+            if isinstance(data, dict) and data.get("job_id") is not None:
+                old = self.evidence.lineage_of(job.job_id, job.user, d, data["job_id"])
+            points = validate_report(data, job.job_id, also=old) if data is not None else []
         except UserFileError as e:
             self._problem(job.job_id, f"{e.path}: {e.reason}")
             return [], {}, 0

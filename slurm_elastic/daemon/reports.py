@@ -31,6 +31,7 @@ SUPERLINEAR_FACTOR = 1.25  # per-GPU throughput may exceed the smallest GPU coun
 MIN_REPEATS_FOR_SUPERLINEAR = 2  # separate starts on that GPU count needed to believe more
 TIME_SLACK = 1.10  # a report may claim at most this x the observed run time (+ TIME_SLACK_S)
 TIME_SLACK_S = 30.0
+MAX_ENDED = 256  # ended jobs whose runs a resubmission may continue
 
 
 class ReportError(ValueError):
@@ -46,12 +47,14 @@ def _check_number(v, where: str, lo: float = 0.0, hi: float = MAX_NUMBER) -> flo
     return x
 
 
-def validate_report(data, job_id: int | str) -> list[dict]:
-    """The report's points, each checked; raises ReportError naming the first bad field."""
+def validate_report(data, job_id: int | str, also: int | str | None = None) -> list[dict]:
+    """The report's points, each checked; raises ReportError naming the first bad field. ``also``: the
+    job this one continues (its proven lineage, :meth:`RunEvidence.lineage_of`), whose id the report may
+    still carry until the new job's first report."""
     if not isinstance(data, dict):
         raise ReportError("the report is not a JSON object")
     jid = data.get("job_id")
-    if jid is not None and str(jid) != str(job_id):
+    if jid is not None and str(jid) != str(job_id) and (also is None or str(jid) != str(also)):
         raise ReportError(f"job_id {str(jid)[:20]!r} is not this job ({job_id})")
     points = data.get("points", [])
     if not isinstance(points, list):
@@ -90,6 +93,10 @@ class RunEvidence:
     """
 
     runs: dict[int, dict[int, tuple[int, float, float]]] = field(default_factory=dict)
+    # Ended jobs, kept so that a resubmission that resumes their checkpoint keeps what Slurm saw of them:
+    # job id -> {"user", "ckpt" (the checkpoint directory the daemon read for it), "runs"}.
+    ended: dict[int, dict] = field(default_factory=dict)
+    continues: dict[int, int] = field(default_factory=dict)  # new job id -> the ended job it continues
 
     def observe(self, job_id: int, restart_count: int, gpus: int, start_time: float | None, now: float) -> None:
         if gpus <= 0 or start_time is None or start_time <= 0 or now < start_time:
@@ -110,20 +117,64 @@ class RunEvidence:
     def starts_on(self, job_id: int, gpus: int) -> int:
         return sum(1 for k, _, _ in self.runs.get(int(job_id), {}).values() if k == gpus)
 
-    def forget_except(self, job_ids) -> None:
+    def forget_except(self, job_ids, owners: dict | None = None) -> None:
+        """Drop the jobs not in ``job_ids``; one whose owner and checkpoint directory the daemon knew
+        (``owners``: job id -> (user, ckpt dir)) is kept in :attr:`ended` for a resubmission."""
         keep = {int(j) for j in job_ids}
+        for j, r in self.runs.items():
+            if j not in keep and owners and j in owners and r:
+                user, ckpt = owners[j]
+                self.ended[j] = {"user": str(user), "ckpt": str(ckpt), "runs": dict(r)}
+        while len(self.ended) > MAX_ENDED:
+            del self.ended[min(self.ended)]
         self.runs = {j: r for j, r in self.runs.items() if j in keep}
+        self.continues = {n: o for n, o in self.continues.items() if n in keep}
+
+    def lineage_of(self, job_id: int, user: str, ckpt: str, reported_id) -> int | None:
+        """The ended job that ``job_id`` continues, when its report names it: only a job the same user
+        owned whose checkpoint directory was this same one, as the daemon recorded it (a user cannot
+        borrow another job's runs). Its runs become this job's (once: a lineage has one heir)."""
+        job_id = int(job_id)
+        if job_id in self.continues:
+            return self.continues[job_id]
+        try:
+            old = int(str(reported_id))
+        except ValueError:
+            return None
+        e = self.ended.get(old)
+        if old == job_id or e is None or e["user"] != str(user) or e["ckpt"] != str(ckpt):
+            return None
+        mine = self.runs.setdefault(job_id, {})
+        for i, v in enumerate(e["runs"].values()):
+            mine[-1 - i - 1000 * len(self.continues)] = v  # negative keys: never a restart count of this job
+        del self.ended[old]
+        self.continues[job_id] = old
+        return old
 
     def to_json(self) -> dict:
-        return {str(j): {str(rc): list(v) for rc, v in r.items()} for j, r in self.runs.items()}
+        return {"runs": {str(j): {str(rc): list(v) for rc, v in r.items()} for j, r in self.runs.items()},
+                "ended": {str(j): {"user": e["user"], "ckpt": e["ckpt"],
+                                   "runs": {str(rc): list(v) for rc, v in e["runs"].items()}}
+                          for j, e in self.ended.items()},
+                "continues": {str(n): o for n, o in self.continues.items()}}
 
     @classmethod
     def from_json(cls, data) -> RunEvidence:
         ev = cls()
+
+        def runs(r):
+            return {int(rc): (int(v[0]), float(v[1]), float(v[2])) for rc, v in r.items()}
+
         try:
-            for j, r in (data or {}).items():
-                ev.runs[int(j)] = {int(rc): (int(v[0]), float(v[1]), float(v[2])) for rc, v in r.items()}
-        except (TypeError, ValueError, IndexError, AttributeError):
+            data = data or {}
+            if "runs" not in data:  # the format before lineage: job id -> runs
+                data = {"runs": data}
+            for j, r in data["runs"].items():
+                ev.runs[int(j)] = runs(r)
+            for j, e in (data.get("ended") or {}).items():
+                ev.ended[int(j)] = {"user": str(e["user"]), "ckpt": str(e["ckpt"]), "runs": runs(e["runs"])}
+            ev.continues = {int(n): int(o) for n, o in (data.get("continues") or {}).items()}
+        except (TypeError, ValueError, IndexError, AttributeError, KeyError):
             return cls()
         return ev
 

@@ -51,6 +51,7 @@ from .lock import acquire_rank0_lock, release_rank0_lock
 from .lr import LRScaler
 from .noise import GradientNoise
 from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
+from .schedule import SampleSchedule
 from .signals import install_stop_handler
 from .slurm_env import JobRecordText, SlurmEnv, read_job_record
 
@@ -138,14 +139,30 @@ class ElasticJob:
         clip_grad_norm: float | None = None,
         lock_wait_s: float = 10.0,
         verbose: bool = True,
+        total_samples: int | None = None,
+        resume: str = "auto",
     ):
         self.env = dict(os.environ if env is None else env)
         ckpt_dir = ckpt_dir or self.env.get("ELASTIC_CKPT_DIR")
+        if not ckpt_dir and not self.env.get("SLURM_JOB_ID"):
+            ckpt_dir = "elastic-ckpt"  # a laptop or torchrun run: running the same command again continues
         if not ckpt_dir:
             raise ValueError("give a checkpoint directory (argument or ELASTIC_CKPT_DIR)")
         self.ckpt_dir = Path(ckpt_dir)
+        # "must": continuing a run, so a missing checkpoint directory or checkpoint is an error (a typo
+        # would otherwise start from scratch without a word); "auto": resume when there is one.
+        resume = self.env.get("ELASTIC_RESUME") or resume
+        if resume not in ("auto", "must"):
+            raise ValueError(f"resume must be 'auto' or 'must', not {resume!r}")
+        self.resume = resume
+        if resume == "must" and not self.ckpt_dir.is_dir():
+            raise FileNotFoundError(f"resume='must' but the checkpoint directory {self.ckpt_dir} does not exist "
+                                    "(check the path; resume='auto' starts from scratch)")
+        self._total_samples_arg = None if total_samples is None else int(total_samples)
         self.seed = int(seed)
-        self.default_batch = default_batch
+        # `slurm-elastic check` runs the script at other batches and stops it at a given step.
+        self.default_batch = int(self.env["ELASTIC_BATCH"]) if self.env.get("ELASTIC_BATCH") else default_batch
+        self._stop_at_step = int(self.env["ELASTIC_STOP_AT_STEP"]) if self.env.get("ELASTIC_STOP_AT_STEP") else None
         self.max_local_batch = max_local_batch
         self.lr_scaling = lr_scaling
         self.base_batch = base_batch
@@ -184,6 +201,11 @@ class ElasticJob:
         self.ddp: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
+        self.schedule: SampleSchedule | None = None  # the registered scheduler, counted in samples
+        self.schedule_every = "step"  # or "epoch" (a Lightning scheduler with interval="epoch")
+        self.schedule_frequency = 1  # scheduler steps every N optimizer steps (Lightning's frequency)
+        self._base_lrs: list[float] | None = None  # the lr of each param group at the LR base batch
+        self._applied_lrs: list[float] | None = None  # what the library last set
         self.scaler: Any = None
         self.user_objects: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}  # plain user data saved in the checkpoint (weights_only-safe values)
@@ -256,7 +278,8 @@ class ElasticJob:
                 a = self._resolve_assignment()
                 payload = {"ok": True, **{k: getattr(a, k) for k in
                                           ("global_batch", "local_batch", "accum", "source", "seq")},
-                           "requested_batch": a.spec.requested_batch if a.spec is not None else None}
+                           "requested_batch": a.spec.requested_batch if a.spec is not None else None,
+                           "resume": getattr(a.spec, "resume", None) if a.spec is not None else None}
             except Exception as e:
                 store.set(_ASSIGN_KEY, json.dumps({"ok": False, "error": str(e)}))
                 raise
@@ -270,6 +293,8 @@ class ElasticJob:
             self.assignment = Assignment(info["global_batch"], info["local_batch"], info["accum"], self.world_size,
                                          info["source"], info["seq"], None)
             self._requested_batch = info["requested_batch"]
+        if (payload if self.rank == 0 else info).get("resume") == "must":
+            self.resume = "must"  # the spec's resume=must (the resubmit line `slurm-elastic stop` prints)
         a = self.assignment
         self.log(f"world size {self.world_size} on {self.senv.num_nodes} node(s), backend {self.ctx.backend}, "
                  f"master {self.ctx.master_addr}:{self.ctx.master_port}; global batch {a.global_batch} = "
@@ -311,6 +336,7 @@ class ElasticJob:
         if optimizer is not None:
             self.optimizer = optimizer
         if scheduler is not None:
+            self.schedule = SampleSchedule(scheduler)  # refuses one it cannot count in samples
             self.scheduler = scheduler
         if scaler is not None:
             self.scaler = scaler
@@ -328,7 +354,8 @@ class ElasticJob:
             "format": CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scheduler": None,  # counted in samples (schedule.py): its position is samples_seen
+            "base_lrs": list(self._base_lrs) if self._base_lrs is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "epoch": self.epoch,
             "offset": self.offset,
@@ -358,14 +385,22 @@ class ElasticJob:
         else:
             p = store.get(key).decode()
             found = load_checkpoint(self.ckpt_dir, path=p) if p else None
+        # The lr each param group is written for (the scheduler's base lrs, else the script's lr), taken
+        # before the checkpoint's optimizer state overwrites it with the lr last applied.
+        self._applied_lrs = None  # the checkpoint's optimizer state brings the lr it last applied
+        if self.schedule is not None:
+            self._base_lrs = list(self.schedule.base_lrs)
+            self.schedule.neutralize(self._current_lrs)
+        else:
+            self._base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         if found is None:
+            if self.resume == "must":
+                raise FileNotFoundError(f"resume='must' but there is no checkpoint in {self.ckpt_dir}")
             self._begin_start()
             return False
         state, path = found
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         for name, obj in self.user_objects.items():
@@ -394,7 +429,14 @@ class ElasticJob:
         a = self.assignment
         # The lr in the user's optimizer is meant for base_batch: by default the spec's requested batch
         # (the same on every rank: rank 0 shared it with the assignment), else this start's batch.
-        base = self.base_batch or self._requested_batch or a.global_batch
+        # The checkpoint's base wins over the spec's batch: changing batch= on a resubmit must not move
+        # the lr base under a running schedule (pass base_batch= to change it on purpose).
+        prev = self._lr_state
+        kept = int(prev["base_batch"]) if prev and prev.get("base_batch") else None
+        base = self.base_batch or kept or self._requested_batch or a.global_batch
+        if kept and not self.base_batch and self._requested_batch and self._requested_batch != kept:
+            self.log(f"the lr base stays at the checkpoint's batch {kept} (the spec now asks batch "
+                     f"{self._requested_batch}); pass base_batch= to change it")
         warm = self.warmup_samples
         if warm is None:
             warm = 20 * a.global_batch if self.lr_scaling == "linear" else 0
@@ -402,10 +444,10 @@ class ElasticJob:
         if self.noise is not None:
             self.noise.base_batch = int(base)
             self.lr.noise_scale = self.noise.noise_scale
-        prev = self._lr_state
         if prev:
             self.lr.load_state_dict(prev)
         self.lr.set_batch(a.global_batch, self.samples_seen)
+        self.apply_lr()
         self._start_index = len(self.history)
         self.history.append({"restart_count": self.senv.restart_count, "job_id": self.senv.job_id,
                              "world_size": self.world_size, "global_batch": a.global_batch,
@@ -545,28 +587,78 @@ class ElasticJob:
                 self.scaler.unscale_(opt)
             params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
-        f = self.lr.factor(self.samples_seen)
+        self.lr_for_step()
+        if step_fn is not None:
+            step_fn()
+        elif self.scaler is not None:
+            self.scaler.step(opt)
+            self.scaler.update()
+        else:
+            opt.step()
+
+    # ---------------------------------------------------------------- lr
+    def _schedule_step(self) -> float:
+        """The registered scheduler's step, from progress: a step is ``base_batch`` samples (x its
+        frequency), so the schedule ends where it would have at the submitted batch."""
+        if self.schedule_every == "epoch":
+            return float(self.epoch)
+        return self.samples_seen / (self.lr.base_batch * self.schedule_frequency)
+
+    def lr_factors(self) -> list[float]:
+        """Per param group: the lr the next step applies over the group's base lr (the batch-size
+        rule x ``lr_schedule(samples)`` x the registered scheduler's factor)."""
+        f = self.lr.factor(self.samples_seen) if self.lr else 1.0
         if self.lr_schedule is not None:
             f *= float(self.lr_schedule(self.samples_seen))
-        saved = [g["lr"] for g in opt.param_groups]
-        for g in opt.param_groups:
-            g["lr"] = g["lr"] * f
-        try:
-            if step_fn is not None:
-                step_fn()
-            elif self.scaler is not None:
-                self.scaler.step(opt)
-                self.scaler.update()
-            else:
-                opt.step()
-        finally:
-            for g, lr in zip(opt.param_groups, saved, strict=True):
-                g["lr"] = lr
+        n = len(self.optimizer.param_groups) if self.optimizer is not None else 1
+        if self.schedule is None or self.lr is None:
+            return [f] * n
+        return [f * x for x in self.schedule.factors(self._schedule_step())]
 
     @property
     def lr_factor(self) -> float:
-        f = self.lr.factor(self.samples_seen) if self.lr else 1.0
-        return f * (float(self.lr_schedule(self.samples_seen)) if self.lr_schedule else 1.0)
+        """The factor of the first param group (the lr applied / the lr written for the base batch)."""
+        return self.lr_factors()[0]
+
+    def _current_lrs(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def apply_lr(self) -> None:
+        """Set every param group's lr to the one the next step applies; it stays there between steps,
+        so loggers and ``get_last_lr()`` read the lr actually used."""
+        if self.optimizer is None or self._base_lrs is None:
+            return
+        self._check_lr_unchanged()
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self._base_lrs):
+            raise RuntimeError(f"the optimizer has {len(groups)} param groups, it had {len(self._base_lrs)} at "
+                               "restore(): add param groups before registering the optimizer")
+        lrs = [b * f for b, f in zip(self._base_lrs, self.lr_factors(), strict=True)]
+        for g, lr in zip(groups, lrs, strict=True):
+            if isinstance(g["lr"], torch.Tensor):
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
+        self._applied_lrs = lrs
+        if self.schedule is not None:
+            self.schedule.scheduler._last_lr = list(lrs)
+
+    def lr_for_step(self) -> None:
+        """Before each optimizer step (every path): this step's lr (the noise scale may have moved it)."""
+        self.apply_lr()
+
+    def _check_lr_unchanged(self) -> None:
+        """Refuse an lr changed behind the library's back: an unregistered scheduler stepping per optimizer
+        step would silently end early or late at a batch change."""
+        if self._applied_lrs is not None:
+            for i, (g, want) in enumerate(zip(self.optimizer.param_groups, self._applied_lrs, strict=False)):
+                have = float(g["lr"])
+                if abs(have - want) > 1e-9 * max(abs(want), 1e-12):
+                    raise RuntimeError(
+                        f"the lr of param group {i} changed outside slurm-elastic between steps ({want:.6g} -> "
+                        f"{have:.6g}): an lr scheduler stepping per optimizer step would end early or late once "
+                        "the batch changes. Register it (job.prepare(..., scheduler=sched) / "
+                        "job.register(scheduler=sched)) so that it is counted in samples, or use lr_schedule=")
 
     # ---------------------------------------------------------------- throughput, stop, finish
     def throughput(self) -> float | None:
@@ -587,6 +679,9 @@ class ElasticJob:
         self.samples_seen += count
         self.optimizer_steps += 1
         self._steps_this_start += 1
+        self.apply_lr()
+        if self._stop_at_step is not None and self.optimizer_steps >= self._stop_at_step:
+            self.flag.request("ELASTIC_STOP_AT_STEP")  # taken at the next step boundary, as a USR2 would be
         if self._steps_this_start > self.throughput_warmup_steps:
             self._tp_steps += 1
             self._tp_samples += count
@@ -606,8 +701,11 @@ class ElasticJob:
 
     @property
     def total_samples(self) -> int | None:
-        """The samples the whole run trains on (dataset size x epochs), when the loop said both: reported
-        with the samples seen so far, so the daemon can rank jobs by the work they have left."""
+        """The samples the whole run trains on (dataset size x epochs, or ``total_samples=`` where the
+        loader has no length), reported with the samples seen so far, so the daemon can rank jobs by the
+        work they have left."""
+        if self._total_samples_arg is not None:
+            return self._total_samples_arg
         if self.dataset_size is None or self.planned_epochs is None:
             return None
         return int(self.dataset_size) * int(self.planned_epochs)
@@ -646,6 +744,11 @@ class ElasticJob:
                    "global_batch": self.assignment.global_batch, "time": time.time(),
                    "exit_code": protocol.EXIT_CHECKPOINTED}
             if self.senv.job_id is not None:
+                # Before the ack: the daemon requeues the job as soon as it reads it, which can end the
+                # batch shell (and `launch`) before they print anything.
+                self.log("checkpointed for a stop: if the daemon resizes the job it requeues it now, and Slurm "
+                         "then logs 'CANCELLED ... DUE TO JOB REQUEUE' and 'srun: error: ... Terminated': those "
+                         "lines are the resize, not a failure")
                 protocol.atomic_write_json(
                     protocol.ack_path(self.ckpt_dir, self.senv.job_id, self.senv.restart_count), ack)
                 self.log(f"checkpoint-safe: {path}; exiting with {protocol.EXIT_CHECKPOINTED}")

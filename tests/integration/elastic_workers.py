@@ -51,6 +51,7 @@ LIGHTNING_WORKER = textwrap.dedent(
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--hold-after", type=int, default=-1)
+    p.add_argument("--step-schedule", type=int, default=0, help="a LambdaLR over this many steps (interval=step)")
     a = p.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -99,11 +100,19 @@ LIGHTNING_WORKER = textwrap.dedent(
                 seen.write(f"{job.epoch if job.offset else job.epoch - 1} {job.optimizer_steps - 1} "
                            f"{','.join(map(str, self.rows['idx']))} {self.last_factor} {self.rows['loss']}\\n")
                 seen.flush()
+                if rank == 0:  # Lightning's counters, continued across starts
+                    with open(os.path.join(a.out_dir, "plstate.txt"), "a") as f:
+                        f.write(f"{self.trainer.global_step} {self.trainer.current_epoch}\\n")
                 hold(job, self.n_this)
         def on_before_optimizer_step(self, optimizer):
             self.last_factor = elastic.job.lr_factor
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
+            opt = torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
+            if not a.step_schedule:
+                return opt
+            total = a.step_schedule
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.1, 1.0 - step / total))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     model = Net()
     trainer = L.Trainer(max_epochs=a.epochs, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -200,6 +209,8 @@ HF_WORKER = textwrap.dedent(
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--hold-after", type=int, default=-1)
+    p.add_argument("--lr-scheduler-type", default="constant")
+    p.add_argument("--warmup-steps", type=int, default=0)
     a = p.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -254,11 +265,14 @@ HF_WORKER = textwrap.dedent(
             loss = sum(l for _, l in trainer._rows)
             seen.write(f"{j.epoch if j.offset else j.epoch - 1} {j.optimizer_steps - 1} {','.join(map(str, idx))} "
                        f"{rec.factor} {loss}\\n")
+            if rank == 0:  # the Trainer's counters, continued across starts
+                with open(os.path.join(a.out_dir, "hfstate.txt"), "a") as f:
+                    f.write(f"{state.global_step} {state.epoch}\\n")
             seen.flush()
             hold(j, rec.n_this)
 
     args = TrainingArguments(output_dir=os.path.join(a.out_dir, "hf"), num_train_epochs=a.epochs, learning_rate=0.01,
-                             lr_scheduler_type="constant", max_grad_norm=1.0, report_to=[], save_strategy="no",
+                             lr_scheduler_type=a.lr_scheduler_type, warmup_steps=a.warmup_steps, max_grad_norm=1.0, report_to=[], save_strategy="no",
                              logging_strategy="no", disable_tqdm=True, use_cpu=True, seed=7,
                              remove_unused_columns=False, dataloader_num_workers=a.num_workers,
                              ddp_find_unused_parameters=False)

@@ -62,8 +62,9 @@ def test_launch_layout_follows_this_start():
 def test_resubmit_hint_pins_the_checkpoint_dir_and_stays_a_valid_spec():
     spec = "elastic:min_gpus=1,max_gpus=4,min_batch=8,max_batch=64,max_local_batch=32,ckpt_dir=/s/%j,max_failures=1"
     hint = resubmit_hint(spec, "/s/42")
-    assert hint.endswith(",ckpt_dir=/s/42") and hint.count("ckpt_dir") == 1
-    assert parse_spec(hint).checkpoint_dir(43) == "/s/42"
+    assert hint.endswith(",ckpt_dir=/s/42,resume=must") and hint.count("ckpt_dir") == 1
+    assert parse_spec(hint).checkpoint_dir(43) == "/s/42" and parse_spec(hint).resume == "must"
+    assert resubmit_hint(hint, "/s/42") == hint  # resubmitting twice keeps one of each
 
 
 def test_runner_installs_the_stop_handler_before_the_script_runs(tmp_path):

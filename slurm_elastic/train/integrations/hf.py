@@ -12,6 +12,10 @@ Usage (see docs/INTEGRATIONS.md)::
     trainer = ElasticTrainer(job=job, model=model, args=args, train_dataset=train_set)
     trainer.train()
 
+``num_train_epochs`` is the number of data epochs; the Trainer's ``lr_scheduler_type`` schedule is counted
+in samples (its step ``s`` after ``s x base_batch`` samples); its ``TrainerState`` (``global_step``,
+``epoch``, ``log_history``, best metric) is in the library's checkpoint and continues on the next start.
+
 Why a subclass and not only a ``TrainerCallback``: a callback can neither replace the training
 DataLoader (accelerate shards the Trainer's batches per rank, a per-rank position that breaks when the
 world size changes) nor scale a micro-batch's loss. The subclass overrides ``get_train_dataloader``
@@ -26,6 +30,7 @@ the daemon's decision; ``num_train_epochs`` is the number of data epochs. The Tr
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -43,12 +48,36 @@ def elastic_setup(ckpt_dir: str | os.PathLike | None = None, **job_kwargs) -> El
     """
     job = ElasticJob(ckpt_dir, **job_kwargs)
     job.setup()
+    # Refuses an optimizer step before an ElasticTrainer restored the job (a plain Trainer after
+    # elastic_setup() would train without checkpoints and ignore stops).
+    job._hf_loop = ExternalLoop(job, "train with ElasticTrainer(job=job, ...), not Trainer")
     os.environ.update({
         "RANK": str(job.rank), "WORLD_SIZE": str(job.world_size),
         "LOCAL_RANK": str(job.device.index if job.device.type == "cuda" else job.senv.local_rank),
         "MASTER_ADDR": str(job.ctx.master_addr), "MASTER_PORT": str(job.ctx.master_port),
     })
     return job
+
+
+_STATE_FIELDS = ("global_step", "log_history", "best_metric", "best_global_step", "best_model_checkpoint",
+                 "total_flos", "num_input_tokens_seen")
+
+
+class _HFState:
+    """The Trainer's ``TrainerState`` counters and history in the library's checkpoint (as JSON text)."""
+
+    def __init__(self, trainer: ElasticTrainer):
+        self.trainer = trainer
+
+    def state_dict(self) -> dict:
+        st = self.trainer.state
+        return {"json": json.dumps({k: getattr(st, k, None) for k in _STATE_FIELDS}, default=str)}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = json.loads(state["json"])
+        for k in _STATE_FIELDS:
+            if k in saved and saved[k] is not None:
+                setattr(self.trainer.state, k, saved[k])
 
 
 class _ElasticHFCallback(TrainerCallback):
@@ -59,10 +88,20 @@ class _ElasticHFCallback(TrainerCallback):
         t = self.trainer
         opt = t.optimizer
         opt = getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps the torch one
-        t.elastic_loop.restore(model=t.model, optimizer=opt, epochs=math.ceil(args.num_train_epochs))
+        loop = t.elastic_loop
+        loop.restore(model=t.model, optimizer=opt, scheduler=t.lr_scheduler,
+                     epochs=math.ceil(args.num_train_epochs), hf=_HFState(t))
+        t._elastic_schedule()
+        # The counters continue: loggers' x-axes, "every N steps" logic and the logged loss average.
+        st = t.state
+        st.max_steps += st.global_step  # this start's steps come on top (the flow callback stops at it)
+        st.epoch = loop.job.epoch + loop.job.offset / loop.dataset_size
+        t._globalstep_last_logged = t._initial_global_step = st.global_step
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.trainer.elastic_loop.step_end()
+        loop = self.trainer.elastic_loop
+        loop.step_end()
+        state.epoch = loop.job.epoch + loop.job.offset / loop.dataset_size  # data epochs over all starts
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self.trainer.elastic_loop.finished:
@@ -71,7 +110,7 @@ class _ElasticHFCallback(TrainerCallback):
 
 class ElasticTrainer(Trainer):
     def __init__(self, *args, job: ElasticJob, **kwargs):
-        self.elastic_loop = ExternalLoop(job)
+        self.elastic_loop = getattr(job, "_hf_loop", None) or ExternalLoop(job, "use ElasticTrainer")
         super().__init__(*args, **kwargs)
         a, targs = job.assignment, self.args
         if targs.world_size != job.world_size:
@@ -83,7 +122,8 @@ class ElasticTrainer(Trainer):
         # The Trainer accumulates itself (its accelerator keeps num_steps=1, which must stay so: accelerate
         # would divide the loss by its own count once more).
         targs.gradient_accumulation_steps = a.accum
-        self.add_callback(_ElasticHFCallback(self))
+        # First, so that other callbacks' on_step_end see the data epoch.
+        self.callback_handler.callbacks.insert(0, _ElasticHFCallback(self))
 
     # -------------------------------------------------------------- data
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:
@@ -145,29 +185,35 @@ class ElasticTrainer(Trainer):
 
     # -------------------------------------------------------------- lr
     def create_scheduler(self, num_training_steps: int, optimizer=None):
-        """The Trainer's schedule, counted in samples: step ``s`` of ``lr_scheduler_type`` is reached after
-        ``s x base_batch`` samples, whatever the batch of each start. The optimizer's lr stays constant;
-        the library applies the factor (times its batch-size rule) at each optimizer step."""
+        """A placeholder the Trainer steps (it records the applied lr, which HF logs); the real schedule is
+        set once the checkpoint is loaded and the LR base batch known (:meth:`_elastic_schedule`)."""
         if self.lr_scheduler is None:
-            job, loop = self.elastic_loop.job, self.elastic_loop
-            base = job.base_batch or job._requested_batch or job.assignment.global_batch
-            epochs = math.ceil(self.args.num_train_epochs)
-            total = max(1, math.ceil(epochs * loop.dataset_size / base)) if loop.dataset_size else num_training_steps
-            dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-            ref = get_scheduler(self.args.lr_scheduler_type, optimizer=dummy,
-                                num_warmup_steps=self.args.get_warmup_steps(total), num_training_steps=total,
-                                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs)
-            lambdas = getattr(ref, "lr_lambdas", None)
-            if not lambdas:
-                raise ValueError(f"lr_scheduler_type={self.args.lr_scheduler_type!r} is not a LambdaLR schedule; "
-                                 "ElasticTrainer counts schedules in samples (use linear/cosine/constant/... "
-                                 "or pass lr_schedule= to elastic_setup)")
-            fn, user = lambdas[0], job.lr_schedule
-            job.lr_schedule = (lambda s: fn(s / base)) if user is None else (lambda s: fn(s / base) * user(s))
+            self._elastic_reference_schedule(1)  # refuse a schedule that is not LambdaLR before training
             opt = self.optimizer if optimizer is None else optimizer
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda _step: 1.0)
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+    def _elastic_reference_schedule(self, total: int):
+        dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        ref = get_scheduler(self.args.lr_scheduler_type, optimizer=dummy,
+                            num_warmup_steps=self.args.get_warmup_steps(total), num_training_steps=total,
+                            scheduler_specific_kwargs=self.args.lr_scheduler_kwargs)
+        if not getattr(ref, "lr_lambdas", None):
+            raise ValueError(f"lr_scheduler_type={self.args.lr_scheduler_type!r} is not a LambdaLR schedule, so "
+                             "ElasticTrainer cannot count it in samples: use linear/cosine/constant/... or "
+                             "lr_scheduler_type='constant' and lr_schedule=lambda samples: ... in elastic_setup()")
+        return ref
+
+    def _elastic_schedule(self) -> None:
+        """The Trainer's ``lr_scheduler_type`` counted in samples: its step ``s`` is reached after ``s x
+        base_batch`` samples (the LR base: the submitted batch, kept from the checkpoint), with the total
+        of an uninterrupted run at that batch, so it ends where it would have whatever each start's batch."""
+        job, loop = self.elastic_loop.job, self.elastic_loop
+        base = job.lr.base_batch
+        total = max(1, math.ceil(loop.dataset_size / base) * math.ceil(self.args.num_train_epochs))
+        job.schedule.replace_lambdas(self._elastic_reference_schedule(total).lr_lambdas)
+        job.apply_lr()
 
     def train(self, *args, **kwargs):
         if kwargs.get("resume_from_checkpoint") or (args and args[0]):

@@ -17,9 +17,12 @@ world size changes. :class:`ElasticDDPStrategy` reuses the process group :class:
 scales each micro-batch's loss in ``backward`` (exactly 1.0 unless an epoch's tail splits unevenly).
 :class:`ElasticCallback` restores the checkpoint once Lightning has built the optimizer
 (``on_fit_start``, before the DataLoader iterator exists), checks the stop request at every step
-boundary (``on_train_batch_start`` of the first micro-batch), and advances the global sample offset after every optimizer step. The Trainer's
-``max_epochs`` is the number of data epochs; Lightning's own epoch counter restarts at 0 on every start
-(use ``elastic.epoch``). Lightning's checkpoints are not used for resuming.
+boundary (``on_train_batch_start`` of the first micro-batch), and advances the global sample offset
+after every optimizer step. The Trainer's ``max_epochs`` is the number of data epochs. Lightning's own
+counters (``global_step``, ``current_epoch``, the logger's step) and the callbacks' states
+(EarlyStopping, ModelCheckpoint, ...) are in the library's checkpoint and continue on the next start;
+the scheduler of ``configure_optimizers`` is counted in samples (see ..schedule). Lightning's own
+checkpoints are not used for resuming.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer import call
 
 from ..job import ElasticJob
 from .loop import ExternalLoop, FrameworkBatchSampler
@@ -120,10 +124,23 @@ class ElasticCallback(Callback):
         if trainer.accumulate_grad_batches != self.elastic.loop.accum:
             raise RuntimeError(f"accumulate_grad_batches is {trainer.accumulate_grad_batches}, this start's "
                                f"assignment needs {self.elastic.loop.accum}: use **elastic.trainer_kwargs()")
+        if trainer.max_steps is not None and trainer.max_steps >= 0:
+            raise ValueError("max_steps counts optimizer steps, whose size the daemon changes: give max_epochs "
+                             "(data epochs) to the Trainer")
+        if trainer.max_epochs is None or trainer.max_epochs < 0:
+            raise ValueError("give the Trainer max_epochs (data epochs): the daemon ranks jobs by the work left")
+        job = self.elastic.job
         cfgs = trainer.lr_scheduler_configs
+        if len(cfgs) > 1:
+            raise ValueError("slurm-elastic counts one lr scheduler in samples; configure_optimizers returned "
+                             f"{len(cfgs)}")
         sched = cfgs[0].scheduler if cfgs else None
+        if cfgs:
+            job.schedule_every = "epoch" if cfgs[0].interval == "epoch" else "step"
+            job.schedule_frequency = max(1, int(cfgs[0].frequency or 1))
         self.elastic.loop.restore(model=pl_module, optimizer=trainer.optimizers[0], scheduler=sched,
-                                  epochs=trainer.max_epochs)
+                                  epochs=trainer.max_epochs, lightning=_LightningState(trainer))
+        _continue_counters(trainer, job.optimizer_steps, job.epoch)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         loop = self.elastic.loop
@@ -145,17 +162,47 @@ class ElasticCallback(Callback):
             self.elastic.loop.finish()
 
 
+class _LightningState:
+    """The callbacks' states (EarlyStopping, ModelCheckpoint, ... each keyed by its ``state_key``) in the
+    library's checkpoint, as Lightning's own checkpoint would keep them."""
+
+    def __init__(self, trainer: pl.Trainer):
+        self.trainer = trainer
+
+    def state_dict(self) -> dict:
+        return {"callbacks": call._call_callbacks_state_dict(self.trainer)}
+
+    def load_state_dict(self, state: dict) -> None:
+        call._call_callbacks_load_state_dict(self.trainer, {"callbacks": state.get("callbacks") or {}})
+
+
+def _continue_counters(trainer: pl.Trainer, steps: int, epoch: int) -> None:
+    """``global_step``, the logger's step and ``current_epoch`` continue from the checkpoint, so loggers'
+    x-axes and "every N steps" logic see one run (the data epoch is Lightning's epoch: each Lightning
+    epoch is the rest of one data epoch)."""
+    loop = trainer.fit_loop
+    total = loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+    total.ready = total.completed = steps
+    loop.epoch_loop.manual_optimization.optim_step_progress.total.ready = steps
+    loop.epoch_loop.manual_optimization.optim_step_progress.total.completed = steps
+    loop.epoch_loop._batches_that_stepped = steps
+    for tracker in (loop.epoch_progress.total, loop.epoch_progress.current):
+        for name in ("ready", "started", "processed", "completed"):
+            if hasattr(tracker, name):
+                setattr(tracker, name, epoch)
+
+
 class ElasticLightning:
     """Sets up the job (process group, this start's batch) and hands Lightning what it needs."""
 
     def __init__(self, ckpt_dir: str | os.PathLike | None = None, **job_kwargs):
         self.job = ElasticJob(ckpt_dir, **job_kwargs)
         self.job.setup()
-        self.loop = ExternalLoop(self.job)
+        self.loop = ExternalLoop(self.job, "pass **elastic.trainer_kwargs() to L.Trainer")
 
     @property
     def epoch(self) -> int:
-        """The data epoch (Lightning's ``current_epoch`` restarts at 0 on every start)."""
+        """The data epoch (Lightning's ``current_epoch`` too, continued across starts)."""
         return self.job.epoch
 
     def trainer_kwargs(self) -> dict:

@@ -12,8 +12,9 @@ pieces of ``job.steps()`` are handed to them separately:
 * :meth:`loss_factor` for the k-th micro-batch of the step: what turns the framework's "mean over the
   micro-batch, divided by accum, averaged over ranks" into the mean over the global batch (exactly 1.0
   when all micro-batches are equal, 0 for a placeholder);
-* optimizer step hooks (``register_step_pre_hook`` / ``register_step_post_hook``) that apply the
-  library's lr factor (lr.py rule x ``lr_schedule(samples)``) for the step only;
+* an optimizer step pre-hook that sets the step's lr (lr.py rule x ``lr_schedule(samples)`` x the
+  framework's scheduler counted in samples, see ..schedule); it stays in the param groups, so the
+  framework's loggers show the lr applied;
 * :meth:`step_end` after the optimizer step: advances the sample offset, samples seen, steps, epoch;
 * :meth:`noise_begin` / :meth:`noise_end` around each micro-batch's backward: the gradient noise scale
   (:mod:`..noise`) from the per-replica micro-batch gradients and the all-reduced step gradient, as in
@@ -34,8 +35,16 @@ from ..sampler import StepPlan, epoch_permutation, plan_step
 
 
 class ExternalLoop:
-    def __init__(self, job: ElasticJob):
+    def __init__(self, job: ElasticJob, fix: str = "use the integration's Trainer arguments"):
         self.job = job
+        # Until the framework's hooks restore the job, any optimizer step means the integration is not
+        # wired (no checkpoint, stops ignored): refuse it at the first step, saying what to add.
+        import torch.distributed as dist
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._pg = dist.group.WORLD if dist.is_initialized() else None  # the job's process group
+        self._guard = register_optimizer_step_pre_hook(self._unwired_step)
+        self._fix = fix
         self.dataset_size: int | None = None
         self.epochs: int | None = None
         self.plan: StepPlan | None = None
@@ -44,7 +53,6 @@ class ExternalLoop:
         self._perm: torch.Tensor | None = None
         self._flag_t: torch.Tensor | None = None
         self._hooks: list = []
-        self._saved_lrs: list[float] | None = None
         self._t0 = 0.0
 
     # ------------------------------------------------------------ position
@@ -82,19 +90,31 @@ class ExternalLoop:
                                f"not {dataset_size}")
         self.dataset_size = int(dataset_size)
 
-    def restore(self, *, model, optimizer, scheduler=None, epochs: int) -> bool:
+    def restore(self, *, model, optimizer, scheduler=None, epochs: int, **user_objects) -> bool:
         """Register the framework's model/optimizer (unwrapped), load the checkpoint, hook the optimizer."""
+        self._guard.remove()
+        if self.dataset_size is None:
+            raise RuntimeError("the training DataLoader is not slurm-elastic's: its batch sampler never ran (use "
+                               "elastic.dataloader(dataset) with Lightning, ElasticTrainer's own with HF)")
         self.epochs = int(epochs)
-        self.job.register(model=model, optimizer=optimizer, scheduler=scheduler)
+        self.job.planned_epochs = self.epochs  # with the dataset size: the remaining work the daemon ranks
+        self.job.register(model=model, optimizer=optimizer, scheduler=scheduler, **user_objects)
         found = self.job.restore()
-        if self.dataset_size is not None:
-            self.set_dataset(self.dataset_size)
-            self.job.dataset_size = self.dataset_size
-        self._hooks = [optimizer.register_step_pre_hook(self._pre_step),
-                       optimizer.register_step_post_hook(self._post_step)]
+        self.set_dataset(self.dataset_size)
+        self.job.dataset_size = self.dataset_size
+        self._hooks = [optimizer.register_step_pre_hook(self._pre_step)]
         if self.job.noise is not None:
             self.job.noise.attach(model)
         return found
+
+    def _unwired_step(self, optimizer, args, kwargs) -> None:  # noqa: ARG002 - torch hook signature
+        import torch.distributed as dist
+
+        if self.job.lr is not None or not dist.is_initialized() or dist.group.WORLD is not self._pg:
+            self._guard.remove()  # restored, or the job is gone: nothing to guard
+            return
+        raise RuntimeError(f"an optimizer step ran but slurm-elastic never restored the job, so it would train "
+                           f"without checkpoints and ignore the daemon's stops: {self._fix}")
 
     @property
     def finished(self) -> bool:
@@ -166,20 +186,15 @@ class ExternalLoop:
         if job.offset >= self.dataset_size:
             job.epoch += 1
             job.offset = 0
+            job.apply_lr()  # an epoch-interval schedule moves here
         self.plan = None
 
     # ------------------------------------------------------------ lr
     def _pre_step(self, optimizer, args, kwargs) -> None:  # noqa: ARG002 - torch hook signature
-        f = self.job.lr_factor
-        self._saved_lrs = [g["lr"] for g in optimizer.param_groups]
-        for g in optimizer.param_groups:
-            g["lr"] = g["lr"] * f
-
-    def _post_step(self, optimizer, args, kwargs) -> None:  # noqa: ARG002
-        if self._saved_lrs is not None:
-            for g, lr in zip(optimizer.param_groups, self._saved_lrs, strict=True):
-                g["lr"] = lr
-            self._saved_lrs = None
+        if self.plan is None:
+            raise RuntimeError("an optimizer step outside a slurm-elastic step: the training DataLoader is not "
+                               "the elastic one, or the callback is missing (use **elastic.trainer_kwargs())")
+        self.job.lr_for_step()
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -210,6 +225,10 @@ class FrameworkBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         loop = self.loop
+        if loop.epochs is None:
+            raise RuntimeError("the elastic DataLoader is iterated before slurm-elastic restored the job: the "
+                               "callback is missing (Lightning: L.Trainer(..., **elastic.trainer_kwargs()); HF: "
+                               "ElasticTrainer)")
         if loop.finished:
             return
         epoch, offset = loop.job.epoch, loop.job.offset
