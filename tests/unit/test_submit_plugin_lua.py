@@ -81,6 +81,11 @@ EXAMPLES = [
     BASE + ",local_batch_by_type=t4",
     BASE + ",local_batch_by_type=t4:12|",
     BASE + ",local_batch_by_type=" + "|".join(f"g{i}:8" for i in range(17)),
+    # issue 21: resume=must (stop's resubmit line) and its refusals
+    BASE + ",resume=must",
+    BASE + ",resume=auto",
+    BASE + ",resume=MUST",
+    BASE + ",resume=",
 ]
 
 
@@ -90,9 +95,10 @@ def test_known_examples_agree():
 
 
 KEYS = ["min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch", "batch", "gpus", "weight",
-        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir", "max_failures", "local_batch_by_type"]
+        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir", "max_failures", "local_batch_by_type",
+        "resume"]
 value = st.one_of(st.integers(0, 5000).map(str), st.sampled_from(["x", "1.5", "", "/t/%j", "cifar10", "2e3",
-                                                                    "t4:16", "t4:16|a100:600", "t4:0"]))
+                                                                    "t4:16", "t4:16|a100:600", "t4:0", "must", "auto"]))
 spec_text = st.dictionaries(st.sampled_from(KEYS), value, min_size=3, max_size=9).map(
     lambda d: "elastic:" + ",".join(f"{k}={v}" for k, v in d.items()))
 
