@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("daemon", "plan", "Print what the daemon's next cycle would do, without doing it."),
     "launch": ("launch", "launch", "Start one start of an elastic job's tasks (in its batch script)."),
     "stop": ("stop", "stop", "Checkpoint a running elastic job now and end it (checkpoint kept)."),
+    "report": ("report", "report", "What the daemon decided, from its state DB, with a timeline PNG."),
 }
 
 
