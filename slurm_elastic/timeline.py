@@ -7,8 +7,9 @@ out); :func:`draw_timeline` writes the PNG with matplotlib's Agg backend, import
 The log gives when the daemon acted, not when a job's tasks ran, so the spans are the daemon's view:
 a job holds ``gpus_to`` from its ``start``/``resize`` row with status ``done`` (placed at that size)
 until its next such row, its ``preempt`` or its ``end`` row (logged when Slurm no longer lists it).
-Between a resize's ``begun`` row (the checkpoint signal) and its ``done`` row the job is restarting;
-that window is drawn hatched on the old size.
+After a resize the job is restarting until its first step, which the daemon logs as a ``measure`` /
+``restart-cost`` row: that window is drawn hatched on the new size (so is the window between a
+``begun`` and a ``done`` row, where a log has them).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def build_timeline(decisions: list[dict], now: float | None = None) -> Timeline:
     tl.t1 = max(rows[-1]["ts"], now if now is not None else rows[-1]["ts"])
     open_: dict[str, tuple[float, int, int | None]] = {}  # job -> (since, gpus, batch)
     restart_at: dict[str, float] = {}
+    resized: set[str] = set()  # resized, first step at the new size not yet logged
 
     def close(job: str, ts: float) -> tuple[int, int | None] | None:
         cur = open_.pop(job, None)
@@ -108,6 +110,14 @@ def build_timeline(decisions: list[dict], now: float | None = None) -> Timeline:
 
     for d in rows:
         job, ts, action, status = str(d["job_id"]), float(d["ts"]), d["action"], d["status"]
+        if action == "measure" and status == "restart-cost":
+            if job in resized and job in open_:
+                since, gpus, batch = open_.pop(job)
+                if ts > since:
+                    tl.spans.append(Span(job, since, ts, gpus, batch, restarting=True))
+                open_[job] = (ts, gpus, batch)
+            resized.discard(job)
+            continue
         if action == "resize" and status == "begun":
             if job in open_:
                 restart_at[job] = ts
@@ -131,6 +141,8 @@ def build_timeline(decisions: list[dict], now: float | None = None) -> Timeline:
             tl.marks.append(Mark(job, ts, kind, g0, gpus, b0, batch, d.get("reason") or ""))
             if gpus > 0:
                 open_[job] = (ts, gpus, batch)
+            if action == "resize":
+                resized.add(job)
         elif action == "preempt":
             prev = close(job, ts)
             tl.marks.append(Mark(job, ts, "preempt", prev[0] if prev else None, 0, prev[1] if prev else None,

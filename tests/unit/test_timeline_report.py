@@ -18,7 +18,7 @@ LOG = [
     row(120, 2, "resize", "begun", 4, 1, 128, "shrunk 4->1: ...; GPUs to higher-value jobs"),
     row(130, 2, "resize", "done", 4, 1, 128, "shrunk 4->1: ...; GPUs to higher-value jobs"),
     row(131, 3, "start", "done", None, 3, 384, "admitted: 3 GPUs (minimum 3)"),
-    row(132, 2, "measure", "restart-cost", reason="restart 1"),
+    row(136, 2, "measure", "restart-cost", reason="restart 1"),  # its first step at the new size
     row(200, 3, "end", "done", None, 0, reason="ended"),
     row(205, 2, "resize", "begun", 1, 4, 512, "grown 1->4: +150% goodput"),
     row(215, 2, "resize", "done", 1, 4, 512, "grown 1->4: +150% goodput"),
@@ -33,8 +33,8 @@ def test_spans_follow_the_decisions():
     assert (tl.t0, tl.t1) == (100, 300)
     by_job = {j: [(s.start, s.end, s.gpus, s.restarting) for s in tl.spans if s.job == j] for j in tl.jobs}
     assert by_job["1"] == [(100, 250, 4, False)]  # a timed-out resize leaves the job at its size
-    assert by_job["2"] == [(101, 120, 4, False), (120, 130, 4, True), (130, 205, 1, False), (205, 215, 1, True),
-                           (215, 300, 4, False)]  # still running at the end: drawn until now
+    assert by_job["2"] == [(101, 120, 4, False), (120, 130, 4, True), (130, 136, 1, True), (136, 205, 1, False),
+                           (205, 215, 1, True), (215, 300, 4, False)]  # still running at the end: until now
     assert by_job["3"] == [(131, 200, 3, False)]
     kinds = [(m.job, m.kind, m.gpus_from, m.gpus_to, m.batch_from, m.batch_to) for m in tl.marks]
     assert kinds == [("1", "start", None, 4, None, 512), ("2", "start", None, 4, None, 512),
