@@ -132,45 +132,23 @@ def _elastic_jobs(work: Path, python: str, step_delay: float) -> list[DemoJob]:
 PACED_N_PER_CLASS = 4000  # the spiral set: 12,000 samples per epoch
 PACED_ARRIVAL_S = 1  # B arrives this long after A and D have both trained a step
 PACED_SPEC = "min_batch=128,max_batch=1024,max_local_batch=256,pace=cifar10,profile=cifar10"
-# Goodput (samples/s x efficiency) the daemon's cifar10 model gives at its chosen batch, per GPU count on
-# one node: the job sizes below are in seconds of such work.
-_RATE = {1: 1351.0, 3: 3440.0, 4: 4822.0}
 
 
-def restart_estimate(python: str = sys.executable) -> tuple[float, float]:
-    """(seconds to import torch and the library here, the restart cost that suggests).
-
-    Why: the daemon grows a job only when the gain repays 8 times its measured restart over the time
-    the job has held its size (policies/_candidates.py), and a restart here is mostly Python start-up:
-    on a quiet 2-core machine about 4 s, under load 10-20 s. The demo sizes its jobs from this, so the
-    story fits the machine it runs on (measured: 6.2 s import -> 9.6 s restart of one rank)."""
-    t0 = time.monotonic()
-    subprocess.run([python, "-c", "import torch, torch.distributed, slurm_elastic.train"], check=True,
-                   capture_output=True, timeout=300)
-    imp = time.monotonic() - t0
-    return imp, 2.5 + 1.2 * imp
-
-
-def _paced_jobs(restart_s: float) -> list[DemoJob]:
-    """A and D fill the two nodes the non-elastic job leaves. B needs 3 GPUs on one node and A keeps at
-    least 2, so D must shrink to admit it. B runs ``hold`` seconds (14 restarts: the grow needs 11.4 at
-    cifar10's +235% from 1 to 4 GPUs); D keeps enough work to make the grow worth it; A ends about when
-    D does."""
-    hold = 14.0 * restart_s
-    epoch = 3 * PACED_N_PER_CLASS
-
-    def epochs(samples: float) -> str:
-        return str(max(2, round(samples / epoch)))
-
-    b = hold * _RATE[3]
-    d = 5 * _RATE[4] + hold * _RATE[1] + 0.35 * hold * _RATE[4]
-    a = (1.35 * hold + 5 * restart_s) * _RATE[4]
+def _paced_jobs() -> list[DemoJob]:
+    """A and D fill the two nodes the non-elastic job leaves; B (2 GPUs, short) and C (1-4, longer)
+    arrive once both train, so the daemon must shrink to admit them; when B is done its GPUs go to a job
+    that can use them. Why C and not D grows back: the daemon grows a job only when the gain repays 8
+    times its restart over the time the job has held its size (policies/_candidates.py); D's held time
+    restarts at its shrink, and on 2 shared cores a restart takes 10-20 s, so D would need minutes at its
+    new size; C, admitted small and never resized, needs only enough work left. Sizes in epochs of the
+    spiral set (12,000 samples), for about 3 minutes of emulated cifar10 work (measured: B ends after ~70 s, C grows 1->3)."""
     common = ["--n-per-class", str(PACED_N_PER_CLASS), "--lr-scaling", "sqrt", "--checkpoint-every-s", "30",
               "--no-noise-scale"]
     return [
-        DemoJob("A", f"elastic:min_gpus=2,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", epochs(a), *common]),
-        DemoJob("D", f"elastic:min_gpus=1,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", epochs(d), *common]),
-        DemoJob("B", f"elastic:min_gpus=3,max_gpus=4,{PACED_SPEC},batch=384", ["--epochs", epochs(b), *common]),
+        DemoJob("A", f"elastic:min_gpus=2,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", "52", *common]),
+        DemoJob("D", f"elastic:min_gpus=1,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", "14", *common]),
+        DemoJob("B", f"elastic:min_gpus=2,max_gpus=2,{PACED_SPEC},batch=256", ["--epochs", "7", *common]),
+        DemoJob("C", f"elastic:min_gpus=1,max_gpus=4,{PACED_SPEC},batch=256", ["--epochs", "19", *common]),
     ]
 
 
@@ -221,15 +199,10 @@ def run(cluster, work: Path, *, python: str = sys.executable, step_delay: float 
     daemon = subprocess.Popen([python, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg)], env=env,
                               stdout=daemon_log, stderr=subprocess.STDOUT, start_new_session=True)
     if paced:
-        imp, restart_s = restart_estimate(python)
-        jobs = _paced_jobs(restart_s)
-        if live:
-            print(f"demo: torch imports in {imp:.1f} s here, so restarts should take about {restart_s:.0f} s: "
-                  f"epochs {', '.join(j.name + ' ' + j.args[1] for j in jobs)} (B runs about "
-                  f"{14 * restart_s:.0f} s, long enough for a grow to repay 8 restarts)", flush=True)
+        jobs = _paced_jobs()
     else:
         jobs = _elastic_jobs(work, python, step_delay)
-    # Paced: A and D start together, B arrives once both train; unpaced: A starts, B and C arrive.
+    # Paced: A and D start together, B and C arrive once both train; unpaced: A starts, B and C arrive.
     first, later = (jobs[:2], jobs[2:]) if paced else (jobs[:1], jobs[1:])
     samples: list[tuple[float, int, int]] = []
     snapshots: list[str] = []
@@ -329,7 +302,8 @@ def write_timeline(result: DemoResult, path: Path, plain_span: tuple[float, floa
 
     end = max((j.finished for j in result.jobs if j.finished), default=None)
     tl = build_timeline(result.decisions, now=end)
-    extra = [Span("plain", plain_span[0], plain_span[1], 8)] if plain_span else []
+    # the non-elastic job is cancelled once the elastic jobs are gone; the daemon logs their end a cycle later
+    extra = [Span("plain", plain_span[0], max(plain_span[1], tl.t1), 8)] if plain_span else []
     names = {str(j.job_id): f"{j.name} (job {j.job_id})" for j in result.jobs}
     names["plain"] = "non-elastic job"
     total = result.samples[-1][2] if result.samples else None

@@ -3,7 +3,7 @@
 Runs both scenarios of slurm_elastic/demo.py. Unpaced (jobs at this machine's CPU speed, backend cli):
 a non-elastic job holds 8 of the 16 GPUs; elastic job A is admitted alone, then B and C arrive and A
 is shrunk to admit them. Paced (the demo: emulated T4 GPUs, pace=cifar10, backend pyslurm): A and D fill
-the free GPUs, B arrives and D is shrunk for it, D may grow back when B ends. Checks: every job
+the free GPUs, B and C arrive and A or D is shrunk for them, C may grow when B ends. Checks: every job
 completes; the daemon admitted and shrank; every sample of every epoch of every job was seen exactly
 once across all its starts; no job is left held; the status command and the decision log agree; the
 timeline picture is written.
@@ -60,10 +60,10 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
     grows = [d for d in done if d["action"] == "resize" and d["gpus_to"] > d["gpus_from"]]
     assert sorted(d["job_id"] for d in starts) == sorted(j.job_id for j in result.jobs)  # each admitted once
     a = result.jobs[0]
-    # Unpaced, A made room for B and C; paced, D (A keeps at least 2 GPUs, B needs 3 on one node). What
-    # status said of them while they waited shows why, should it not.
-    victim = result.jobs[1] if paced else a
-    assert any(d["job_id"] == victim.job_id for d in shrinks), (result.decisions, result.status_snapshots[:4])
+    # Unpaced, A made room for B and C; paced, A or D made room for B and C. What status said of them
+    # while they waited shows why, should it not.
+    victims = {j.job_id for j in result.jobs[:2]} if paced else {a.job_id}
+    assert any(d["job_id"] in victims for d in shrinks), (result.decisions, result.status_snapshots[:4])
     # A grow after B and C end is the daemon's call, not the scenario's: dp grows A only when the goodput
     # gain (from A's measured throughput and noise scale) pays 8 times for its measured restart cost over
     # the time A has held its size. On 2 CPU cores that gain is small, and A may finish at 1 GPU.
