@@ -6,7 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SE=.venv/bin/slurm-elastic
 STATE=${SLURM_ELASTIC_CLUSTER_DIR:-$HOME/.local/state/slurm-elastic/cluster}
-$SE cluster up --nodes 4 --gpus-per-node 4
+# The cluster's port: the running demo cluster's own, else 16817 when free, else the next free block (a
+# machine where another local cluster already listens there must not fail the demo).
+PORT=$(.venv/bin/python -c '
+import sys
+from slurm_elastic.cluster import LocalCluster, find_free_port_block
+c = LocalCluster(sys.argv[1])
+print(c.config.ctld_port if c.is_up() else find_free_port_block(5, start=16817))' "$STATE")
+$SE cluster up --nodes 4 --gpus-per-node 4 --port "$PORT"
 export SLURM_CONF="$STATE/etc/slurm.conf"
 echo; echo "== sinfo"; sinfo -N -o "%N %t %G"
 echo; echo "== the demo: elastic jobs A (2-4 GPUs), D (1-4) and B (3-4) on emulated T4s, and one non-elastic job (8 GPUs)"
