@@ -16,7 +16,7 @@ print(c.config.ctld_port if c.is_up() else find_free_port_block(5, start=16817))
 $SE cluster up --nodes 4 --gpus-per-node 4 --port "$PORT"
 export SLURM_CONF="$STATE/etc/slurm.conf"
 echo; echo "== sinfo"; sinfo -N -o "%N %t %G"
-echo; echo "== the demo: elastic jobs A (2-4 GPUs), D (1-4) and B (3-4) on emulated T4s, and one non-elastic job (8 GPUs)"
+echo; echo "== the demo: elastic jobs A (2-4 GPUs), D (1-4), B (2) and C (1-4) on emulated T4s, and a non-elastic job (8 GPUs)"
 WORK=$(mktemp -d /tmp/slurm-elastic-demo-XXXXXX)
 .venv/bin/python -m slurm_elastic.demo --state-dir "$STATE" --work-dir "$WORK" --png "$PWD/demo-timeline.png" \
   --json "$WORK/summary.json"

@@ -86,3 +86,17 @@ def test_report_without_state_says_so(tmp_path):
 
     res = CliRunner().invoke(report, ["--state-dir", str(tmp_path)])
     assert res.exit_code != 0 and "no daemon state" in res.output
+
+
+def test_demo_summary_counts_shrinks_grows_and_batch_changes():
+    from slurm_elastic.demo import DemoJob, DemoResult
+
+    spec = "elastic:min_gpus=1,max_gpus=4,min_batch=128,max_batch=1024,max_local_batch=256,batch=512"
+    jobs = [DemoJob("D", spec, [], job_id=14), DemoJob("C", spec.replace("batch=512", "batch=256"), [], job_id=16)]
+    log = [{**r, "id": i} for i, r in enumerate([
+        row(1, 14, "start", "done", None, 4, 728, "admitted"), row(2, 16, "start", "done", None, 1, 256, "admitted"),
+        row(3, 14, "resize", "done", 4, 1, 256, "shrunk"), row(4, 16, "resize", "done", 1, 3, 618, "grown"),
+        row(5, 16, "resize", "error", 3, 4, 618, "failed"), row(6, 14, "end", "done", None, 0)])]
+    res = DemoResult(jobs=jobs, plain_job=0, decisions=log, utilization=0.9)
+    assert res.counts() == {"start": 2, "shrink": 1, "grow": 1, "batch": 2, "batch_at_start": 1}
+    assert "1 shrinks, 1 grows, 2 batch changes on resize" in res.summary()
