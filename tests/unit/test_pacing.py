@@ -83,3 +83,39 @@ def test_status_marks_a_paced_job():
     assert rows[0]["paced"] == "cifar10" and rows[1]["paced"] is None
     lines = format_table(rows).splitlines()
     assert ",paced" in lines[1] and ",paced" not in lines[2]
+
+
+def test_elastic_job_paces_its_steps_to_the_profile(tmp_path):
+    """One real process (gloo, outside Slurm) whose spec says pace=cifar10: each step of batch 128 on 1
+    GPU takes what the T4 table says (103 ms), so the throughput it reports is the profile's, while
+    the model still trains (its weights change)."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from slurm_elastic.train import ElasticJob
+    from slurm_elastic.train.slurm_env import JobRecordText
+
+    rec = JobRecordText("local", BASE + ",batch=128,pace=cifar10", "", "scontrol")
+    job = ElasticJob(tmp_path / "ck", env={"MASTER_ADDR": "127.0.0.1", "SLURM_ELASTIC_BACKEND": "gloo"},
+                     job_record=rec, verbose=False, throughput_warmup_steps=1, noise_scale=False)
+    job.setup()
+    assert job.pacer is not None
+    target = load_profile("cifar10").step_time(1, 1, 128)[0]
+    assert job.pacer.target_s == pytest.approx(target)
+    lin = torch.nn.Linear(4, 1)
+    before = lin.weight.detach().clone()
+    ddp = job.wrap(lin)
+    job.register(model=lin, optimizer=torch.optim.SGD(lin.parameters(), lr=0.1))
+    job.restore()
+    x = torch.randn(1280, 4)
+    t0 = time.perf_counter()
+    for step in job.steps(dataset_size=1280, epochs=1):
+        for mb in step.micro_batches():
+            (ddp(x[mb.indices]).pow(2).sum() * mb.scale).backward()
+        step.optimizer_step()
+    wall = time.perf_counter() - t0
+    assert job.optimizer_steps == 10 and job.pacer.steps == 10
+    assert wall >= 10 * target * 0.95
+    assert job.throughput() == pytest.approx(128 / target, rel=0.15 if job.pacer.late == 0 else 0.5)
+    assert not torch.equal(before, lin.weight.detach())
+    job._teardown()
