@@ -141,14 +141,15 @@ def _paced_jobs() -> list[DemoJob]:
     times its restart over the time the job has held its size (policies/_candidates.py); D's held time
     restarts at its shrink, and on 2 shared cores a restart takes 10-20 s, so D would need minutes at its
     new size; C, admitted small and never resized, needs only enough work left. Sizes in epochs of the
-    spiral set (12,000 samples), for about 3 minutes of emulated cifar10 work (measured: B ends after ~70 s, C grows 1->3)."""
+    spiral set (12,000 samples), for about 2.5 minutes of emulated cifar10 work once A and D train (C's grow needs about 80 s of work
+    left at 1 GPU when B ends)."""
     common = ["--n-per-class", str(PACED_N_PER_CLASS), "--lr-scaling", "sqrt", "--checkpoint-every-s", "30",
               "--no-noise-scale"]
     return [
-        DemoJob("A", f"elastic:min_gpus=2,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", "52", *common]),
-        DemoJob("D", f"elastic:min_gpus=1,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", "14", *common]),
-        DemoJob("B", f"elastic:min_gpus=2,max_gpus=2,{PACED_SPEC},batch=256", ["--epochs", "7", *common]),
-        DemoJob("C", f"elastic:min_gpus=1,max_gpus=4,{PACED_SPEC},batch=256", ["--epochs", "19", *common]),
+        DemoJob("A", f"elastic:min_gpus=2,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", "44", *common]),
+        DemoJob("D", f"elastic:min_gpus=1,max_gpus=4,{PACED_SPEC},batch=512", ["--epochs", "13", *common]),
+        DemoJob("B", f"elastic:min_gpus=2,max_gpus=2,{PACED_SPEC},batch=256", ["--epochs", "6", *common]),
+        DemoJob("C", f"elastic:min_gpus=1,max_gpus=4,{PACED_SPEC},batch=256", ["--epochs", "16", *common]),
     ]
 
 

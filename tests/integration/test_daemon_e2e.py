@@ -99,7 +99,8 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
         assert result.timeline_png and result.timeline_png.read_bytes()[:4] == b"\x89PNG"
     else:
         # A (the DataLoader path) ran at the sizes and batches the daemon chose.
-        a_sizes = [(d["gpus_to"], d["batch"]) for d in by_job[a.job_id] if d["status"] == "done"]
+        a_sizes = [(d["gpus_to"], d["batch"]) for d in by_job[a.job_id] if d["status"] == "done"
+                   and d["action"] in ("start", "resize")]
         print(f"job A (DataLoader, 2 workers): (gpus, batch) per start/resize: {a_sizes}")
         assert "through a DataLoader with 2 workers" in logs["A"]
 
