@@ -4,19 +4,26 @@ SE := $(VENV)/bin/slurm-elastic
 STATE_DIR ?= $(CURDIR)/.cluster
 export SLURM_ELASTIC_CLUSTER_DIR := $(STATE_DIR)
 
-.PHONY: setup demo test test-unit down lint capture-fixtures chroot
+.PHONY: setup setup-demo setup-all demo test test-unit down lint capture-fixtures chroot
 
-setup:
-	bash scripts/setup.sh
+# setup-demo: only what the demo needs (host Slurm, munge, the package with torch and matplotlib).
+# setup-all: everything the tests need (plus the lua plugin, the other Slurm's chroot, pyslurm, extras).
+setup-demo:
+	bash scripts/setup.sh demo
 
-# Bring up a local 4-node x 4-GPU Slurm and show it (later: the full elastic demo).
-demo: setup
+setup-all:
+	bash scripts/setup.sh all
+
+setup: setup-all
+
+# A local 4-node x 4-GPU Slurm; elastic jobs on emulated T4 GPUs under the daemon; a timeline picture.
+demo: setup-demo
 	bash scripts/demo.sh
 
-test: setup
+test: setup-all
 	$(VENV)/bin/python -m pytest -q
 
-test-unit: setup
+test-unit: setup-all
 	$(VENV)/bin/python -m pytest -q tests/unit
 
 down:
@@ -26,11 +33,11 @@ lint:
 	$(VENV)/bin/ruff check slurm_elastic tests scripts
 
 # The other Debian release's Slurm in a cached chroot (setup runs this too; SLURM_ELASTIC_CHROOT=0 skips it).
-chroot: setup
+chroot: setup-all
 	$(SE) cluster prepare
 
 # Record squeue/nodes JSON from every Slurm version of this machine (host + chroot) into tests/fixtures/.
-capture-fixtures: setup
+capture-fixtures: setup-all
 	$(VENV)/bin/python scripts/capture_fixtures.py --slurm all
 
 # Site install (docs/INSTALL.md): venv at /opt/slurm-elastic, CLI in /usr/local/bin, unit, plugin,

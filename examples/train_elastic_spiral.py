@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint-every-s", type=float, default=60.0)
     p.add_argument("--record-samples", default=None, help="directory for per-rank sample-index logs")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step (emulated compute)")
+    p.add_argument("--no-noise-scale", action="store_true",
+                   help="do not measure the gradient noise scale: the daemon then takes the batch's statistical "
+                        "efficiency from the job's profile (a paced job standing in for that profile's model)")
     p.add_argument("--loader-workers", type=int, default=0,
                    help="use a torch DataLoader with this many workers (job.batches) instead of job.steps()")
     args = p.parse_args(argv)
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
 
     job = ElasticJob(args.ckpt_dir, seed=args.seed, default_batch=args.batch, max_local_batch=args.max_local_batch,
                      lr_scaling=args.lr_scaling, base_batch=args.base_batch,
-                     checkpoint_every_s=args.checkpoint_every_s)
+                     checkpoint_every_s=args.checkpoint_every_s, noise_scale=not args.no_noise_scale)
     job.setup()
     X, y = spiral_dataset(args.n_per_class, args.data_seed)
     Xt, yt = spiral_dataset(args.n_per_class // 5, args.data_seed + 1)

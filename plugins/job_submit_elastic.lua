@@ -175,7 +175,7 @@ function elastic_spec_error(comment)
         local x, err = parse_float(value, key)
         if err then return err end
         s[key] = x
-      elseif key == "profile" then
+      elseif key == "profile" or key == "pace" then
         if not string.find(value, "^[A-Za-z0-9_.-]+$") or #value > 64 then
           return fail(key, "expected a profile name ([A-Za-z0-9_.-]), got '" .. value .. "'")
         end

@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# Install what slurm-elastic needs on a fresh Debian 12/13 machine (as root): Slurm and munge from
-# apt when missing, then the package with its dev, train, lightning and hf extras in ./.venv. Idempotent.
+# Install what slurm-elastic needs on a fresh Debian 12/13 machine (as root). Idempotent.
+#
+#   scripts/setup.sh demo   what `make demo` needs, nothing more: the host's Slurm and munge from apt
+#                           when missing, and the package with torch and matplotlib (extra `demo`) in
+#                           ./.venv. About a minute on a fresh machine (torch==2.13.0 is the CPU build
+#                           on local disk).
+#   scripts/setup.sh all    what `make test` needs (the default): the above, plus the job_submit/lua
+#                           plugin, lua5.1 and debootstrap, the dev/train/lightning/hf extras, the other
+#                           Debian release's Slurm in a cached chroot and pyslurm for every Slurm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+level=${1:-all}
+case "$level" in
+  demo|all) ;;
+  *) echo "setup: unknown level '$level' (demo or all)" >&2; exit 2 ;;
+esac
 
+tools=(/usr/sbin/slurmctld:slurm-wlm /usr/sbin/slurmd:slurm-wlm /usr/bin/sbatch:slurm-client /usr/sbin/munged:munge)
+if [ "$level" = all ]; then
+  # Slurm's job_submit/lua plugin is in slurm-wlm-basic-plugins; the lua runtime comes with it.
+  tools+=(/usr/sbin/debootstrap:debootstrap /usr/bin/lua5.1:lua5.1
+          /usr/lib/x86_64-linux-gnu/slurm-wlm/job_submit_lua.so:slurm-wlm-basic-plugins)
+fi
 need_apt=()
-for tool in /usr/sbin/slurmctld:slurm-wlm /usr/sbin/slurmd:slurm-wlm /usr/bin/sbatch:slurm-client \
-            /usr/sbin/munged:munge /usr/sbin/debootstrap:debootstrap /usr/bin/lua5.1:lua5.1 \
-            /usr/lib/x86_64-linux-gnu/slurm-wlm/job_submit_lua.so:slurm-wlm-basic-plugins; do
+for tool in "${tools[@]}"; do
   [ -e "${tool%%:*}" ] || need_apt+=("${tool##*:}")
 done
-# Slurm's job_submit/lua plugin is in slurm-wlm-basic-plugins; the lua runtime comes with it.
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup: missing ${need_apt[*]}; run as root so apt-get can install them" >&2
@@ -28,13 +43,18 @@ if [ ! -x .venv/bin/pip ]; then
   rm -rf .venv
   "$PY" -m venv .venv || { echo "setup: venv creation failed; retrying once" >&2; rm -rf .venv; sleep 3; "$PY" -m venv .venv; }
 fi
-stamp=.venv/.slurm-elastic-installed
+# torch==2.13.0 (extras demo and train) is the CPU build on local disk; any other pin downloads GBs.
+# lightning and hf: the framework integrations' extras (their tests need them; both keep torch 2.13.0).
+if [ "$level" = demo ]; then extras='.[demo]'; else extras='.[dev,train,demo,lightning,hf]'; fi
+stamp=.venv/.slurm-elastic-installed-$level
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  # torch==2.13.0 (the `train` extra) is the CPU build on local disk; any other pin downloads GBs.
-  # lightning and hf: the framework integrations' extras (their tests need them; both keep torch 2.13.0).
-  .venv/bin/python -m pip install -q -e '.[dev,train,lightning,hf]'
+  .venv/bin/python -m pip install -q -e "$extras"
   touch "$stamp"
+fi
+if [ "$level" = demo ]; then
+  echo "setup: ok for the demo ($(.venv/bin/python --version), $(/usr/sbin/slurmctld -V)); 'make test' sets up the rest"
+  exit 0
 fi
 # A second Slurm version for the tests: the other Debian release's Slurm in a debootstrap chroot
 # (trixie -> 24.11 on Debian 12, bookworm -> 22.05 on Debian 13), built once per machine into

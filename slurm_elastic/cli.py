@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "stop": ("stop", "stop", "Checkpoint a running elastic job now and end it (checkpoint kept)."),
     "doctor": ("doctor", "doctor", "Check slurm.conf and this machine for what the daemon needs, with the fixes."),
     "check": ("check", "check", "Pre-flight a training script: stop, checkpoint, exact resume at 1 and 2 processes."),
+    "report": ("report", "report", "What the daemon decided, from its state DB, with a timeline PNG."),
 }
 
 

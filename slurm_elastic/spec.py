@@ -100,6 +100,9 @@ class ElasticSpec:
     max_accum: int = 1  # largest gradient-accumulation factor (1 = none)
     gpus_per_node: int | None = None  # fixed per-node shape, if the job needs one
     profile: str | None = None  # name of a measured throughput profile, e.g. "cifar10"
+    # Emulated GPUs only: the job sleeps each step to this profile's step time (train/pacing.py). To the
+    # daemon a claim that buys nothing: never a model, only shown by status.
+    pace: str | None = None
     points: tuple[ThroughputPoint, ...] = field(default_factory=tuple)
     weight: float = 1.0
     restart_s: float | None = None  # the user's estimate of checkpoint + restart time
@@ -270,7 +273,7 @@ _INT_FIELDS = {
 }
 _FLOAT_FIELDS = {"weight": 1e6, "restart_s": 1e7}
 MAX_FAILURES_LIMIT = 100
-_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "points", "ckpt_dir", "max_failures",
+_KNOWN = set(_INT_FIELDS) | set(_FLOAT_FIELDS) | {"profile", "pace", "points", "ckpt_dir", "max_failures",
                                                   "local_batch_by_type", "resume"}
 MAX_TYPE_LIMITS = 16
 _TYPE_LIMIT_RE = re.compile(r"([A-Za-z0-9_.-]{1,64}):([0-9]{1,15})")
@@ -428,7 +431,7 @@ def parse_spec(comment: str, job_id: int | str | None = None) -> ElasticSpec:
             values[key] = value
         elif key == "local_batch_by_type":
             values[key] = _parse_type_limits(value, job_id)
-        elif key == "profile":
+        elif key in ("profile", "pace"):
             if not _NAME_RE.match(value):
                 raise SpecError(f"expected a profile name ([A-Za-z0-9_.-]), got {value!r}", job_id=job_id, field=key)
             values[key] = value

@@ -80,6 +80,7 @@ def job_row(job: JobRecord) -> dict:
         "efficiency": None,
         "last_change": None,
         "model": None,  # the daemon's model provenance: profile, declared, fitted from N reports, prior
+        "paced": None,  # the spec's pace= profile: emulated GPUs, its speed is the profile's (train/pacing.py)
         "progress": None,  # the share of its reported work done, "unused" when the claim is not trusted
         "elastic": is_elastic_comment(job.comment),
         "spec_error": None,
@@ -89,7 +90,7 @@ def job_row(job: JobRecord) -> dict:
         try:
             spec = parse_spec(job.comment, job.job_id)
             row.update(range=f"{spec.min_gpus}-{spec.max_gpus}", min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
-                       batch=spec.requested_batch)
+                       batch=spec.requested_batch, paced=spec.pace)
         except SpecError as e:
             row["spec_error"] = str(e)
             row["reason"] = f"bad spec: {e.reason} ({e.field})"
@@ -149,7 +150,7 @@ def history_rows(state_dir: str | None, active: set[int]) -> list[dict]:
     count: dict[int, int] = {}
     for d in decisions:
         jid = int(d["job_id"])
-        if jid in active:
+        if jid in active or d["action"] == "end":  # its end row: the size shown is the last decided one
             continue
         last[jid] = d
         if d["action"] == "resize" and d["status"] == "done":
@@ -210,9 +211,10 @@ def progress_of(p: str) -> str | None:
     return None
 
 
-def _cell(value, key: str = "") -> str:
+def _cell(value, key: str = "", row: dict | None = None) -> str:
     if key == "model":
-        return short_provenance(value)
+        # A paced job's speed is its pace profile's, not a measurement of real GPUs: say so.
+        return short_provenance(value) + (",paced" if row and row.get("paced") else "")
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -234,7 +236,7 @@ def format_table(rows: list[dict], fmt: str = DEFAULT_FORMAT, header: bool = Tru
     if header:
         lines.append(" ".join(_pad(c.header, c) for c in cols).rstrip())
     for r in rows:
-        lines.append(" ".join(_pad(_cell(r.get(c.key), c.key), c) for c in cols).rstrip())
+        lines.append(" ".join(_pad(_cell(r.get(c.key), c.key, r), c) for c in cols).rstrip())
     return "\n".join(lines)
 
 

@@ -540,6 +540,11 @@ class Daemon:
         for jid, why in snap.unmanaged.items():
             rows.append({"job_id": jid, "reason": f"left alone: {why}"})
         self.db.save_job_views(rows)
+        # An elastic job Slurm no longer lists has ended: logged once, so the decision log alone tells
+        # when each job held its GPUs (slurm-elastic report draws the timeline from it).
+        for jid in sorted(self._was_elastic - active):
+            self.db.log_decision(self.cycle_no, int(jid), "end", "done", gpus_to=0,
+                                 reason="ended: no longer in Slurm's queue")
         self._was_elastic = {r["job_id"] for r in rows}
         self.db.forget_jobs({j.job_id for j in records})
         self.db.set_meta("last_cycle", {"ts": time.time(), "cycle": self.cycle_no, "seconds": elapsed,

@@ -1,4 +1,5 @@
-"""What a site allows a spec, beyond its syntax: the weight maximum and where ``ckpt_dir`` may point.
+"""What a site allows a spec, beyond its syntax: the weight maximum, where ``ckpt_dir`` may point, and a
+``pace`` that names a known profile (else the job would fail at its start; pace is checked, never used).
 
 Checked by the daemon for every elastic job each cycle (the spec parser, shared with the plugin, already
 refuses relative paths and system directories). A violation is that job's bad spec: it names the job and
@@ -23,6 +24,13 @@ class SiteRules:
         if spec.weight > self.max_weight:
             raise SpecError(f"weight {spec.weight:g} exceeds the site maximum {self.max_weight:g} (max_weight)",
                             job_id=job.job_id, field="weight")
+        if spec.pace:
+            from slurm_elastic.profiles import load_profile
+
+            try:
+                load_profile(spec.pace)
+            except KeyError as e:
+                raise SpecError(str(e.args[0]), job_id=job.job_id, field="pace") from None
         d = spec.checkpoint_dir(job.job_id, job.work_dir)
         if not d:
             return

@@ -44,12 +44,13 @@ import torch
 import torch.distributed as dist
 
 from . import protocol
-from .assignment import Assignment, resolve_assignment
+from .assignment import Assignment, AssignmentError, resolve_assignment
 from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
 from .lock import acquire_rank0_lock, release_rank0_lock
 from .lr import LRScaler
 from .noise import GradientNoise
+from .pacing import Pacer, make_pacer
 from .sampler import MicroBatch, StepPlan, epoch_permutation, plan_step
 from .schedule import SampleSchedule
 from .signals import install_stop_handler
@@ -231,6 +232,7 @@ class ElasticJob:
         self._requested_batch: int | None = None
         self._lock_fd: int | None = None
         self.lock_wait_s = lock_wait_s
+        self.pacer: Pacer | None = None  # emulated GPUs: the spec's pace= (see .pacing)
 
     @classmethod
     def create(cls, ckpt_dir: str | os.PathLike | None = None, **kwargs) -> ElasticJob:
@@ -279,13 +281,15 @@ class ElasticJob:
                 payload = {"ok": True, **{k: getattr(a, k) for k in
                                           ("global_batch", "local_batch", "accum", "source", "seq")},
                            "requested_batch": a.spec.requested_batch if a.spec is not None else None,
-                           "resume": getattr(a.spec, "resume", None) if a.spec is not None else None}
+                           "resume": getattr(a.spec, "resume", None) if a.spec is not None else None,
+                           "pace": a.spec.pace if a.spec is not None else None}
             except Exception as e:
                 store.set(_ASSIGN_KEY, json.dumps({"ok": False, "error": str(e)}))
                 raise
             store.set(_ASSIGN_KEY, json.dumps(payload))
             self.assignment = a
             self._requested_batch = payload["requested_batch"]
+            pace = payload["pace"]
         else:
             info = json.loads(store.get(_ASSIGN_KEY).decode())
             if not info["ok"]:
@@ -293,9 +297,17 @@ class ElasticJob:
             self.assignment = Assignment(info["global_batch"], info["local_batch"], info["accum"], self.world_size,
                                          info["source"], info["seq"], None)
             self._requested_batch = info["requested_batch"]
+            pace = info.get("pace")
         if (payload if self.rank == 0 else info).get("resume") == "must":
             self.resume = "must"  # the spec's resume=must (the resubmit line `slurm-elastic stop` prints)
         a = self.assignment
+        try:
+            self.pacer, why = make_pacer(pace, gpus=self.world_size, nodes=max(1, self.senv.num_nodes or 1),
+                                         local_batch=a.local_batch, accum=a.accum, device_type=self.device.type)
+        except KeyError as e:
+            raise AssignmentError(str(e.args[0]), job_id=self.senv.job_id, field="pace") from None
+        if why:
+            self.log(why)
         self.log(f"world size {self.world_size} on {self.senv.num_nodes} node(s), backend {self.ctx.backend}, "
                  f"master {self.ctx.master_addr}:{self.ctx.master_port}; global batch {a.global_batch} = "
                  f"{self.world_size} x {a.local_batch} x {a.accum} accum (from {a.source})")
@@ -675,7 +687,10 @@ class ElasticJob:
     def _count_step(self, count: int, seconds: float) -> None:
         """One optimizer step of ``count`` samples done, on every path (``steps()``, the DataLoader path,
         the framework integrations): counters, throughput after warm-up, and rank 0's report (the
-        daemon plans nothing for a start before its first-step record, so every path must write it)."""
+        daemon plans nothing for a start before its first-step record, so every path must write it).
+        A paced job (emulated GPUs) first sleeps the rest of the profile's step time, on every rank."""
+        if self.pacer is not None:
+            seconds = self.pacer.wait(seconds)
         self.samples_seen += count
         self.optimizer_steps += 1
         self._steps_this_start += 1
@@ -733,6 +748,8 @@ class ElasticJob:
 
     def _stop_and_exit(self) -> None:
         self.log(f"stop requested; all ranks stop after step {self.optimizer_steps}")
+        if self.pacer is not None:
+            self.log(self.pacer.summary())
         if self.history:
             self.history[-1]["stop_time"] = time.time()
         path = self.checkpoint()
@@ -769,6 +786,8 @@ class ElasticJob:
                 "epochs_done": self.epoch, "samples_seen": self.samples_seen,
                 "optimizer_steps": self.optimizer_steps, "checkpoint": str(path), "time": time.time()})
             self.log(f"finished: {self.epoch} epochs, {self.samples_seen} samples, {self.optimizer_steps} steps")
+            if self.pacer is not None:
+                self.log(self.pacer.summary())
         self._teardown()
         return path
 

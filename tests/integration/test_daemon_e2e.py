@@ -1,10 +1,12 @@
 """The daemon end to end on the local Slurm, with real torch DDP jobs from the template (no mocks).
 
-Runs the demo scenario (slurm_elastic/demo.py): a non-elastic job holds 8 of the 16 GPUs; elastic job
-A is admitted alone, then B and C arrive, A is shrunk to admit them, and GPUs freed later are given
-back (grows). Checks: every job completes; the daemon admitted, shrank and grew; every sample of every
-epoch of every job was seen exactly once across all its starts; no job is left held; the status
-command and the decision log agree.
+Runs both scenarios of slurm_elastic/demo.py. Unpaced (jobs at this machine's CPU speed, backend cli):
+a non-elastic job holds 8 of the 16 GPUs; elastic job A is admitted alone, then B and C arrive and A
+is shrunk to admit them. Paced (the demo: emulated T4 GPUs, pace=cifar10, backend pyslurm): A and D fill
+the free GPUs, B and C arrive and A or D is shrunk for them, C may grow when B ends. Checks: every job
+completes; the daemon admitted and shrank; every sample of every epoch of every job was seen exactly
+once across all its starts; no job is left held; the status command and the decision log agree; the
+timeline picture is written.
 """
 
 import json
@@ -34,8 +36,9 @@ def samples_seen(job_dir: Path, job_id: int) -> dict[int, Counter]:
     return per_epoch
 
 
-@pytest.mark.parametrize("backend", ["cli", "pyslurm"])
-def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_cluster, tmp_path, backend):
+# The two backends share the work: the demo's paced scenario runs on pyslurm (no extra live test).
+@pytest.mark.parametrize("backend,paced", [("cli", False), ("pyslurm", True)], ids=["cli-unpaced", "pyslurm-paced"])
+def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_cluster, tmp_path, backend, paced):
     if backend == "pyslurm":
         import importlib.util
         import os
@@ -43,8 +46,9 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
         if importlib.util.find_spec("pyslurm") is None:
             why = "pyslurm is not installed in this venv: run scripts/build_pyslurm.sh"
             pytest.fail(why) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(why)
-    result = demo.run(slurm_cluster, tmp_path / "demo", timeout_s=900, backend=backend)
+    result = demo.run(slurm_cluster, tmp_path / "demo", timeout_s=900, backend=backend, paced=paced)
     print(result.summary())
+    print(f"decisions: {result.counts()}, GPU utilization {100 * result.utilization:.0f}%")
     assert f"backend: {backend} (" in result.daemon_log, result.daemon_log[:2000]
     logs = {j.name: (tmp_path / "demo" / j.name / "job.out").read_text() for j in result.jobs}
     assert all(j.state == "COMPLETED" for j in result.jobs), (result.summary(), result.daemon_log[-3000:], logs)
@@ -56,8 +60,10 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
     grows = [d for d in done if d["action"] == "resize" and d["gpus_to"] > d["gpus_from"]]
     assert sorted(d["job_id"] for d in starts) == sorted(j.job_id for j in result.jobs)  # each admitted once
     a = result.jobs[0]
-    # A made room for B and C (what status said of them while they waited shows why, should it not)
-    assert any(d["job_id"] == a.job_id for d in shrinks), (result.decisions, result.status_snapshots[:4])
+    # Unpaced, A made room for B and C; paced, A or D made room for B and C. What status said of them
+    # while they waited shows why, should it not.
+    victims = {j.job_id for j in result.jobs[:2]} if paced else {a.job_id}
+    assert any(d["job_id"] in victims for d in shrinks), (result.decisions, result.status_snapshots[:4])
     # A grow after B and C end is the daemon's call, not the scenario's: dp grows A only when the goodput
     # gain (from A's measured throughput and noise scale) pays 8 times for its measured restart cost over
     # the time A has held its size. On 2 CPU cores that gain is small, and A may finish at 1 GPU.
@@ -73,17 +79,30 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
         epochs = int(j.args[j.args.index("--epochs") + 1])
         seen = samples_seen(tmp_path / "demo" / j.name, j.job_id)
         assert sorted(seen) == list(range(epochs)), j.name
+        n = 3 * int(j.args[j.args.index("--n-per-class") + 1])
         for e, counts in seen.items():
-            assert sorted(counts) == list(range(3 * 400)) and max(counts.values()) == 1, (j.name, e)
+            assert sorted(counts) == list(range(n)) and max(counts.values()) == 1, (j.name, e)
         # Its restarts are exactly the daemon's resizes of it (nothing resized twice by mistake).
         resizes = [d for d in by_job[j.job_id] if d["action"] == "resize" and d["status"] == "done"]
         assert logs[j.name].count(f"job {j.job_id} start {len(resizes)} on") == 1, logs[j.name]
         assert f"job {j.job_id} start {len(resizes) + 1} on" not in logs[j.name]
 
-    # A (the DataLoader path) ran at the sizes and batches the daemon chose.
-    a_sizes = [(d["gpus_to"], d["batch"]) for d in by_job[a.job_id] if d["status"] == "done"]
-    print(f"job A (DataLoader, 2 workers): (gpus, batch) per start/resize: {a_sizes}")
-    assert "through a DataLoader with 2 workers" in logs["A"]
+    if paced:
+        # Every start was paced to cifar10 on T4s (the library said so), status marked the jobs paced, the
+        # shrink changed the victim's batch, and the demo drew its timeline.
+        for j in result.jobs:
+            starts_of = logs[j.name].count("emulated GPUs paced to profile 'cifar10'")
+            assert starts_of == 1 + len([d for d in by_job[j.job_id] if d["action"] == "resize"
+                                         and d["status"] == "done"]), logs[j.name]
+        assert any(",paced" in snap for snap in result.status_snapshots)
+        assert result.counts()["batch"] >= 1, result.decisions
+        assert result.timeline_png and result.timeline_png.read_bytes()[:4] == b"\x89PNG"
+    else:
+        # A (the DataLoader path) ran at the sizes and batches the daemon chose.
+        a_sizes = [(d["gpus_to"], d["batch"]) for d in by_job[a.job_id] if d["status"] == "done"
+                   and d["action"] in ("start", "resize")]
+        print(f"job A (DataLoader, 2 workers): (gpus, batch) per start/resize: {a_sizes}")
+        assert "through a DataLoader with 2 workers" in logs["A"]
 
     # No job left behind: nothing of the scenario is still in the queue (held or otherwise).
     ids = {j.job_id for j in result.jobs} | {result.plain_job}

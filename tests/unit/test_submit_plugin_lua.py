@@ -55,6 +55,10 @@ EXAMPLES = [
     "elastic:min_gpus=1,max_gpus=1,min_batch=1024,max_batch=1024,max_local_batch=256,max_accum=4",
     BASE + ",ckpt_dir=/a/../b",
     BASE + ",profile=$(id)",
+    # pace= (emulated GPUs): a profile name, refused with the same rule as profile=
+    BASE + ",pace=cifar10",
+    BASE + ",pace=$(id)",
+    BASE + ",pace=",
     # Found by tests/faults: the plugin accepted points the daemon rejects (then the job waits held forever).
     BASE + ",points=1x64@1e400",
     BASE + ",points=1x1000000000000000000@5",
@@ -95,7 +99,7 @@ def test_known_examples_agree():
 
 
 KEYS = ["min_gpus", "max_gpus", "min_batch", "max_batch", "max_local_batch", "batch", "gpus", "weight",
-        "max_accum", "gpus_per_node", "min_local_batch", "profile", "ckpt_dir", "max_failures", "local_batch_by_type",
+        "max_accum", "gpus_per_node", "min_local_batch", "profile", "pace", "ckpt_dir", "max_failures", "local_batch_by_type",
         "resume"]
 value = st.one_of(st.integers(0, 5000).map(str), st.sampled_from(["x", "1.5", "", "/t/%j", "cifar10", "2e3",
                                                                     "t4:16", "t4:16|a100:600", "t4:0", "must", "auto"]))
