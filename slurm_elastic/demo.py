@@ -166,7 +166,7 @@ def _sbatch(cluster, job: DemoJob, work: Path, python: str) -> int:
     return job.job_id
 
 
-def write_daemon_config(path: Path, state_dir: Path, metrics_port: int, backend: str = "cli") -> None:
+def write_daemon_config(path: Path, state_dir: Path, metrics_port: int, backend: str = "auto") -> None:
     path.write_text("\n".join([
         f'backend = "{backend}"',
         f'state_dir = "{state_dir}"',
@@ -182,7 +182,7 @@ def write_daemon_config(path: Path, state_dir: Path, metrics_port: int, backend:
 
 
 def run(cluster, work: Path, *, python: str = sys.executable, step_delay: float = 0.15, live: bool = False,
-        timeout_s: float = 600, backend: str = "cli", paced: bool = False) -> DemoResult:
+        timeout_s: float = 600, backend: str = "auto", paced: bool = False) -> DemoResult:
     """Run the scenario on ``cluster`` (a LocalCluster that is up) with the daemon on ``backend``.
 
     ``paced``: the demo's scenario on emulated T4 GPUs (see :data:`PACED_SPEC`); else the unpaced one,
