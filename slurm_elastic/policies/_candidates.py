@@ -99,12 +99,16 @@ def make_candidates(
     backoff: float = 0.0,
     round_trip: bool = False,
     realloc: str = "share",
+    thrash_cap: float = 0.5,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
     choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
     (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum.
     ``restart_margin``, ``tenure``: how a rescale must pay for itself (:func:`_restart_share`).
+    ``realloc="life"``: the rule that scales with the gain (:func:`_rescale_factor`): the restart against
+    the job's expected remaining life, times an anti-thrash charge of at most ``thrash_cap``, so any gain
+    above ``1 / (1 - thrash_cap)`` that the restart pays back over the job's life is made.
     ``realloc="pollux"``: instead, Pollux's re-allocation factor (OSDI'21 section 4.2),
     ``max(0, (T - S d) / (T + d))`` with T the job's age, S its rescales so far and d its restart time
     (:func:`_pollux_factor`; the share rule where the age is unknown).
@@ -220,11 +224,17 @@ def make_candidates(
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
     remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
-    if realloc not in ("share", "pollux"):
-        raise ValueError(f"realloc must be 'share' or 'pollux', not {realloc!r}")
-    factor = np.array([(_pollux_factor(jobs[j]) if realloc == "pollux" and jobs[j].age_s is not None else
-                        1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff))
-                       if running[j] > 0 else 1.0 for j in dp_list])
+    if realloc not in REALLOCS:
+        raise ValueError(f"realloc must be one of {REALLOCS}, not {realloc!r}")
+
+    def rescale_factor(j: int) -> float:
+        if realloc == "pollux" and jobs[j].age_s is not None:
+            return _pollux_factor(jobs[j])
+        if realloc == "life":
+            return _rescale_factor(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff, thrash_cap)
+        return 1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff)
+
+    factor = np.array([rescale_factor(j) if running[j] > 0 else 1.0 for j in dp_list])
     r_rep = np.repeat(run_a, lens_a)
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
@@ -289,6 +299,7 @@ def gc_paused():
 
 
 OBJECTIVES = ("speedup", "pnorm", "completion")
+REALLOCS = ("share", "life", "pollux")
 ADMISSIONS = ("priority", "joint", "auto")
 
 
@@ -353,6 +364,45 @@ def _pollux_factor(req) -> float:
     d = restart_s(req)
     t = float(req.age_s)
     return max(0.0, (t - int(req.rescales) * d) / (t + d)) if t + d > 0 else 0.0
+
+
+def life_s(req, problem, cur_value: float | None) -> float:
+    """The job's expected remaining life at its current size: the work it reports left over its current
+    rate; when it reports none, as long as it has already run at that size (least attained service: a
+    job that has run long is expected to run long), at least the planning horizon. Not capped by the
+    horizon: a job with days left gains for days from a rescale."""
+    if req.remaining_samples is not None and cur_value:
+        return max(0.0, float(req.remaining_samples) / cur_value)
+    return max(float(problem.horizon_s), float(req.attained_gpu_s) / max(1, req.running_gpus))
+
+
+def thrash_share(req, problem, margin: float, tenure: bool, backoff: float, cap: float) -> float:
+    """The anti-thrash charge: ``margin x (1 + backoff x rescales) x restart_s / held``, ``held`` the time
+    the job has held its size (with ``tenure``; at most the horizon), capped at ``cap`` < 1, so that it
+    slows a job that keeps being resized but never makes a large gain unpayable."""
+    held = float(problem.horizon_s)
+    if tenure and req.held_s is not None:
+        held = min(held, float(req.held_s))
+    m = margin * (1.0 + backoff * max(0, int(req.rescales)))
+    if held <= 0:
+        return cap
+    return min(cap, max(0.0, m * restart_s(req) / held))
+
+
+def _rescale_factor(req, problem, cur_value: float | None, margin: float = 8.0, tenure: bool = True,
+                    backoff: float = 0.15, cap: float = 0.5) -> float:
+    """The share of a new size's value a rescale keeps: ``(1 - restart_s / life) x (1 - thrash)``.
+
+    The first factor is the progress rule: a rescale from rate c to n pays when the job, restarted, ends
+    sooner than if kept (``restart + W / n < W / c``, W the work left, ``life = W / c``), that is when
+    ``n x (1 - restart / life) > c``. The second is :func:`thrash_share`, at most ``cap``: a gain of more
+    than ``1 / ((1 - cap) x (1 - restart / life))`` always pays, for any restart cost and any history
+    (a job on 1 GPU that 24 would speed up 15 times is grown, however often it was resized)."""
+    life = life_s(req, problem, cur_value)
+    r = restart_s(req)
+    if life <= r:
+        return 0.0
+    return (1.0 - r / life) * (1.0 - thrash_share(req, problem, margin, tenure, backoff, cap))
 
 
 def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, tenure: bool = False,

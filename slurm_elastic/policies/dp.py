@@ -57,7 +57,8 @@ class DPPolicy(Policy):
 
     def __init__(self, admission: str = "joint", starvation_s: float = 3600.0, objective: str = "completion",
                  placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
-                 backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm"):
+                 backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm",
+                 realloc: str = "life", thrash_cap: float = 0.5):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)
@@ -76,6 +77,12 @@ class DPPolicy(Policy):
         self.backoff = float(backoff)
         if not 0 <= self.backoff < float("inf"):
             raise ValueError(f"backoff must be a finite number >= 0, not {backoff!r}")
+        if realloc not in ("life", "share"):
+            raise ValueError(f"realloc must be 'life' or 'share', not {realloc!r}")
+        self.realloc = realloc
+        self.thrash_cap = float(thrash_cap)
+        if not 0 <= self.thrash_cap < 1:
+            raise ValueError(f"thrash_cap must be a number in [0, 1), not {thrash_cap!r}")
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
@@ -102,7 +109,7 @@ class DPPolicy(Policy):
         return make_candidates(problem, fixed_batch=False, admission=self.admission,
                                starvation_s=self.starvation_s, efficiency=eff, objective=value,
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
-                               round_trip=self.round_trip)
+                               round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         with gc_paused():
@@ -117,11 +124,11 @@ class DPPolicy(Policy):
             # the objective decided for the whole problem (no fallback per pool), the same stability rule
             joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective, unranked="las",
                              restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
-                             round_trip=self.round_trip)
+                             round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap)
             return allocate_pools(problem, joint.candidates, admission=self.admission, starvation_s=self.starvation_s,
                                   objective=value, placement=self.placement, name=self.name)
         t0 = time.perf_counter()
         plan = self.candidates(problem)
-        chosen = solve_placeable(plan) if self.placement else mckp(plan.offsets, plan.weights, plan.values,
+        chosen = solve_placeable(plan, start_fills=1) if self.placement else mckp(plan.offsets, plan.weights, plan.values,
                                                                     plan.capacity)[1]
         return build_allocation(plan, chosen, self.name, time.perf_counter() - t0)
