@@ -127,6 +127,9 @@ def make_candidates(
     _none = (None, None)
     effs = [efficiency(r) for r in jobs] if efficiency is not None else [_none] * n
     flex, tabs = _tables(problem, fixed_batch, effs)
+    for j, r in enumerate(jobs):  # nothing measured: admitted at what it asked for, up to the free GPUs
+        if r.running_gpus <= 0 and unmeasured(r) and len(tabs[j]):
+            tabs[j] = as_asked(tabs[j], r.spec)
     refs = np.array([float(f.value[0]) if len(f) else 0.0 for f in flex])
     if fair_ref and n:
         share = problem.total_gpus / n
@@ -357,6 +360,24 @@ def _remaining_s(req, ref_value: float, horizon_s: float) -> float:
     return max(horizon_s, req.attained_gpu_s / kmin)
 
 
+def unmeasured(req) -> bool:
+    """Nothing measured: no named profile, no declared points, no report yet (the conservative default
+    prior, ``profiles.learned``): its predicted speedups are a guess, not the job's."""
+    return getattr(req.model, "provenance", None) == "prior"
+
+
+def as_asked(t: JobTable, spec) -> JobTable:
+    """A pending job's table when nothing is measured: its counts up to what it asked for (``gpus=``, else
+    its ``max_gpus``), each valued as if it scaled linearly from its minimum, so that the knapsack admits
+    it at the largest of those the free GPUs allow (work-conserving: two jobs allowed 1-16 GPUs on an
+    empty 16-GPU cluster share all 16, not 1 each). Once it reports, its own measurements decide."""
+    want = spec.gpus if spec.gpus is not None else spec.max_gpus
+    keep = t.counts <= max(want, int(t.counts[0]))
+    k0, v0 = float(t.counts[0]), float(t.value[0])
+    value = np.maximum(t.value[keep], v0 * t.counts[keep] / k0)
+    return JobTable(t.counts[keep], t.nodes[keep], t.batch[keep], t.local[keep], t.accum[keep], t.sps[keep], value)
+
+
 def _pollux_factor(req) -> float:
     """Pollux's re-allocation factor: ``max(0, (T - S d) / (T + d))``, T the job's age (since submission),
     S the re-allocations it has had, d its restart time. A young or often re-allocated job keeps little
@@ -378,11 +399,12 @@ def life_s(req, problem, cur_value: float | None) -> float:
 
 def thrash_share(req, problem, margin: float, tenure: bool, backoff: float, cap: float) -> float:
     """The anti-thrash charge: ``margin x (1 + backoff x rescales) x restart_s / held``, ``held`` the time
-    the job has held its size (with ``tenure``; at most the horizon), capped at ``cap`` < 1, so that it
-    slows a job that keeps being resized but never makes a large gain unpayable."""
+    the job has held its size (with ``tenure``; else the horizon), capped at ``cap`` < 1, so that it slows
+    a job that keeps being resized but never makes a large gain unpayable; and, as ``held`` grows without
+    bound, any gain the progress rule says pays is made within a bounded time."""
     held = float(problem.horizon_s)
     if tenure and req.held_s is not None:
-        held = min(held, float(req.held_s))
+        held = float(req.held_s)
     m = margin * (1.0 + backoff * max(0, int(req.rescales)))
     if held <= 0:
         return cap
