@@ -67,6 +67,8 @@ class Candidates:
     factor: np.ndarray  # per optimised job: the value kept by a rescale (1 - restart share)
     gross: np.ndarray  # per flat choice: its value before any restart charge
     goodput: dict[int, float | None] = field(default_factory=dict)  # current goodput, where values are goodput
+    # the rescale rule's parameters (realloc, margin, tenure, backoff, thrash cap): what reasons quote
+    rule: tuple = ("share", 1.0, False, 0.0, 0.5)
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -273,17 +275,17 @@ def make_candidates(
                                      np.array([True]), p)[0]
         if cur is None or req.spec.split_batch(req.running_gpus, req.running_batch) is None:
             continue  # cannot keep what it runs now (out of range): any start is a restart
-        keep_value = float(choice_values(objective, np.array([(cur_rate.get(j) or cur) / refs[j]]),
-                                         np.array([scale[flat]]), np.array([True]), p)[0])
-        if keep_value >= values[flat]:
-            values[flat] = keep_value
-            keep[flat] = True
+        # The planner carries out no batch-only change (planner.py rule 2): at its running count the job
+        # keeps its batch, valued at what it does now, so the policy plans only what can be enacted.
+        values[flat] = float(choice_values(objective, np.array([(cur_rate.get(j) or cur) / refs[j]]),
+                                           np.array([scale[flat]]), np.array([True]), p)[0])
+        keep[flat] = True
     for j in range(n):
         if running[j] > 0 and j not in current:
             current[j] = current_samples_per_s(jobs[j], ns)
     goodput = {j: v for j, v in cur_rate.items() if effs[j][0] is not None}
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
-                      current, factor, gross, goodput)
+                      current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap))
 
 
 @contextmanager
@@ -477,7 +479,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
             reason = plan.reasons.get(j)
             if reason is None:
                 reason = ("preempted: its GPUs are worth more elsewhere" if r > 0
-                          else "pending: not started, its GPUs are worth more to running jobs")
+                          else _waiting_reason(plan, j, chosen_flat, spare))
             out[req.job_id] = JobAllocation(req.job_id, 0, reason=reason)
             continue
         k, batch, local, accum, sps = k_l[p], b_l[p], lb_l[p], a_l[p], s_l[p]
@@ -489,11 +491,10 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
                 batch, (local, accum) = req.running_batch, split
                 sps = cur or sps
         if r <= 0:
-            kmin = int(plan.tables[j].counts[0])
-            reason = f"admitted: {k} GPU{'s' if k != 1 else ''}" + (f" (minimum {kmin})" if k > kmin else "")
+            reason = _admitted_reason(plan, j, k, v_l[p])
         elif keep:
-            reason = _kept_reason(plan, p, int(chosen_flat[p]), better_at) if better[p] \
-                else "kept: no reachable size is worth more"
+            reason = _kept_reason(plan, p, int(chosen_flat[p]), better_at) if better[p] and not req.frozen \
+                else _kept_plain(plan, j, k)
         elif k > r:
             reason = f"grown {r}->{k}: {_gain(sps, cur, v_l[p], plan.goodput.get(j))}".rstrip(": ")
         elif k < r:
@@ -529,20 +530,102 @@ def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> 
     return (np.bincount(pos[better], minlength=n) > 0) | (plan.factor <= 0), better
 
 
+def _plural(k: int) -> str:
+    return f"{k} GPU{'s' if k != 1 else ''}"
+
+
+def _source(req) -> str:
+    """Where a job's speeds come from, in a reason: its reports, its profile, its declared points."""
+    prov = getattr(req.model, "provenance", None)
+    if prov:
+        return "measured" if prov.startswith("fitted") else {"profile": "profiled", "declared": "declared",
+                                                              "prior": "default (nothing measured)"}.get(prov, prov)
+    return "profiled"
+
+
+def _admitted_reason(plan: Candidates, j: int, k: int, value: float) -> str:
+    """Why a pending job starts at ``k``: what it asked for when nothing is measured, else its scaling."""
+    req = plan.problem.jobs[j]
+    t = plan.tables[j]
+    kmin = int(t.counts[0])
+    head = f"admitted: {_plural(k)}"
+    if unmeasured(req):
+        want = req.spec.gpus if req.spec.gpus is not None else req.spec.max_gpus
+        if k >= want:
+            return f"{head}, what it asked for (nothing measured yet)"
+        return f"{head} of the {want} it asked for: the GPUs free now (nothing measured yet)"
+    if k <= kmin:
+        return head + (" (its minimum: more GPUs are worth more to other jobs)" if len(t) > 1 else "")
+    ref = float(plan.refs[j])
+    x = f"{value / ref:.1f}x" if ref > 0 and np.isfinite(value) else "more than"
+    return f"{head} (minimum {kmin}; {x} its minimum's {'goodput' if plan.goodput is not None else 'speed'} " \
+           f"by its {_source(req)} scaling)"
+
+
+def _kept_plain(plan: Candidates, j: int, k: int) -> str:
+    """Why a running job keeps its size when no other reachable size would be better even before the
+    restart: frozen (cooldown, in flight), or its scaling says so."""
+    req = plan.problem.jobs[j]
+    if req.frozen:
+        since = f" {req.held_s:.0f} s ago" if req.held_s is not None else ""
+        return f"kept: started or resized{since} (cooldown or in flight): not resized until it settles"
+    return f"kept: no reachable size is worth more by its {_source(req)} scaling"
+
+
+def _waiting_reason(plan: Candidates, j: int, chosen_flat: np.ndarray, spare: int) -> str:
+    """Why a pending job does not start: no count fits what running jobs' minimums leave, or the GPUs it
+    would need are worth more to named other jobs (the ones given the most above their minimum)."""
+    req = plan.problem.jobs[j]
+    t = plan.tables[j]
+    kmin = int(t.counts[0]) if len(t) else req.spec.min_gpus
+    if kmin > plan.capacity:
+        return (f"pending: its minimum of {_plural(kmin)} is more than the {plan.capacity} left after running "
+                f"jobs' minimums")
+    jobs = plan.problem.jobs
+    extra = []
+    for q, jj in enumerate(plan.dp_jobs.tolist()):
+        w = int(plan.weights[chosen_flat[q]]) if chosen_flat.size else 0
+        if w > 0 and jj != j:
+            extra.append((w, jobs[jj].job_id))
+    extra.sort(reverse=True)
+    if not extra:
+        return f"pending: its minimum of {_plural(kmin)} does not fit the {spare} GPUs free on the nodes"
+    who = ", ".join(f"job {jid} (+{w})" for w, jid in extra[:2]) + (f" and {len(extra) - 2} more" if len(extra) > 2
+                                                                   else "")
+    return (f"pending: its {_plural(kmin)} minimum is worth more to other jobs now: {who}"
+            + (f"; {spare} spare do not place it" if spare >= kmin else ""))
+
+
 def _kept_reason(plan: Candidates, p: int, c: int, better: np.ndarray) -> str:
     """Why a kept job whose other sizes would be better but for the restart keeps its size: which size and
-    its gain before the restart charge (``status`` shows it). Only for the jobs _better_elsewhere picks;
-    ``better``: its per-choice answer."""
+    its gain before the restart charge, and what the charge is made of (``status`` shows it). Only for the
+    jobs _better_elsewhere picks; ``better``: its per-choice answer."""
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
-    req = plan.problem.jobs[int(plan.dp_jobs[p])]
+    j = int(plan.dp_jobs[p])
+    req = plan.problem.jobs[j]
     r = restart_s(req)
+    cost = _charge(plan, j, r)
     if not better[lo:hi].any() or plan.values[c] <= 0:
         if plan.factor[p] <= 0:
-            return f"kept: gain below restart cost (a {r:.0f} s restart would cost all of a rescale's value)"
-        return "kept: gain below restart cost"
+            return f"kept: gain below restart cost (a {r:.0f} s restart would cost all of a rescale's value{cost})"
+        return f"kept: gain below restart cost ({cost.lstrip('; ')})" if cost else "kept: gain below restart cost"
     raw = np.where(better[lo:hi], plan.gross[lo:hi], -np.inf)
     best = int(np.argmax(raw))
     k = int(plan.cols[0, lo + best])
     gain = float(raw[best]) / float(plan.values[c]) - 1.0
-    return (f"kept: gain below restart cost ({k} GPU{'s' if k != 1 else ''} would gain {gain:+.0%}, less than "
-            f"its {r:.0f} s restart costs over its expected life)")
+    return (f"kept: gain below restart cost ({_plural(k)} would gain {gain:+.0%}, less than "
+            f"its {r:.0f} s restart costs{cost or ' over its expected life'})")
+
+
+def _charge(plan: Candidates, j: int, r: float) -> str:
+    """The rescale charge in figures (the ``life`` rule): the job's expected life and the anti-thrash share."""
+    realloc, margin, tenure, backoff, cap = plan.rule
+    if realloc != "life":
+        return ""
+    req = plan.problem.jobs[j]
+    cur = plan.goodput.get(j) if plan.goodput.get(j) is not None else plan.current.get(j)
+    life = life_s(req, plan.problem, cur)
+    thr = thrash_share(req, plan.problem, margin, tenure, backoff, cap)
+    held = f", held {req.held_s / 60:.0f} min" if tenure and req.held_s is not None else ""
+    return (f" over its expected {life / 3600:.1f} h life; anti-thrash {thr:.0%} after {req.rescales} "
+            f"rescale{'s' if req.rescales != 1 else ''}{held}")
