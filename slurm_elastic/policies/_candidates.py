@@ -102,6 +102,8 @@ def make_candidates(
     round_trip: bool = False,
     realloc: str = "share",
     thrash_cap: float = 0.5,
+    rank_cap: float = float("inf"),
+    age_weight_s: float = float("inf"),
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
@@ -225,6 +227,8 @@ def make_candidates(
     np.cumsum(lens_a, out=offsets[1:])
     counts = cols[0].astype(np.int64)
     wt = np.array([jobs[j].weight for j in dp_list], dtype=np.float64)
+    if objective == "completion" and age_weight_s < float("inf"):  # the tail bound: weight grows with age
+        wt = wt * np.array([1.0 + max(0.0, jobs[j].age_s or 0.0) / age_weight_s for j in dp_list])
     run_a = np.array([running[j] for j in dp_list], dtype=np.int64)
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
@@ -244,7 +248,7 @@ def make_candidates(
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
     speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
-    scale = np.repeat(_scale(objective, wt, remaining), lens_a)
+    scale = np.repeat(_scale(objective, wt, remaining, rank_cap), lens_a)
     net = speedup * pen
     if round_trip and dp_list:
         at_min = np.array([float(tabs[j].value[0]) / refs[j] if len(tabs[j]) and refs[j] > 0 else 0.0
@@ -308,7 +312,7 @@ REALLOCS = ("share", "life", "pollux")
 ADMISSIONS = ("priority", "joint", "auto")
 
 
-def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray) -> np.ndarray:
+def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray, rank_cap: float = float("inf")) -> np.ndarray:
     """Per-job factor of the value: the weight, and for ``completion`` the job's SRPT rank.
 
     The rank of a job is the number of optimised jobs expected to finish no earlier than it (itself
@@ -320,7 +324,7 @@ def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray) -> np.ndarra
         order = np.argsort(-remaining_s, kind="stable")
         rank = np.empty(remaining_s.size)
         rank[order] = np.arange(1, remaining_s.size + 1)
-        return wt * rank
+        return wt * np.minimum(rank, rank_cap)
     return wt
 
 

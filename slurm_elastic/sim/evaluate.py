@@ -46,7 +46,9 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:trusting", "dp with every report trusted as it comes (no trust rule: slurm_elastic.claims)"),
             ("dp:ownusers", "dp, every job its own user (no history: a waiting job's claim never counts)"),
             ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
-             "dp, rescale stability off (restart over min(horizon, remaining))"))
+             "dp, rescale stability off (restart over its expected life, no anti-thrash share)"),
+            ("dp:realloc=share", "dp, the old restart charge (margin x (1 + backoff x rescales) x restart / "
+                                 "min(horizon, remaining, held); before issue 23)"))
 
 # When no job reports the work it has left (a user's loop that does not say its dataset size and
 # epochs; a simulator that passes no progress): what `completion` falls back to, at both loads.
@@ -64,16 +66,35 @@ def _policy(spec: str):
     name, _, opts = spec.partition(":")
     kw = {}
     for o in filter(None, opts.split(",")):
-        if o in ("noprogress", "trusting", "ownusers"):
+        if o in ("noprogress", "trusting", "ownusers") or o.startswith("restart="):
             continue
         k, v = o.split("=")
         kw[k] = v
     return get_policy(name, **kw)
 
 
+# Restart costs per model in the Sia artifact's simulator (seconds of GPU time; ../shared/data/README.md).
+SIA_RESTART_S = {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0, "imagenet": 250.0,
+                 "ncf": 15.0}
+# Section 5: restart costs other than the flat 30 s (workloads/ 1-5), each run as "<policy>:restart=<s|model>".
+RESTARTS = (("dp:restart=10", "dp, 10 s"), ("dp:restart=250", "dp, 250 s"), ("dp:restart=600", "dp, 600 s"),
+            ("dp:restart=model", "dp, per model (Sia: 15-250 s)"),
+            ("dp:restart=model,noprogress", "dp, per model, no job reporting progress"),
+            ("pollux-dp:restart=250", "pollux-dp, 250 s"), ("pollux-dp:restart=model", "pollux-dp, per model"),
+            ("dp:realloc=share,restart=250", "dp with the old charge (before issue 23), 250 s"),
+            ("dp:realloc=share,restart=model", "dp with the old charge (before issue 23), per model"))
+
+
+def _restart_opt(spec: str) -> str | None:
+    return next((o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith("restart=")), None)
+
+
 def goodput_config(spec: str) -> SimConfig:
-    """Pollux's simulator's setting: goodput work model following the traces, 30 s per re-allocation."""
-    return SimConfig(work_model="goodput", checkpoint_s=0.0, restart_s=30.0,
+    """Pollux's simulator's setting: goodput work model following the traces, 30 s per re-allocation (or the
+    spec's ``restart=`` seconds; ``restart=model``: 30 s, each job its model's Sia cost in its spec)."""
+    r = _restart_opt(spec)
+    return SimConfig(work_model="goodput", checkpoint_s=0.0,
+                     restart_s=float(r) if r is not None and r != "model" else 30.0,
                      report_progress="noprogress" not in spec, trust_claims="trusting" not in spec)
 
 
@@ -102,6 +123,8 @@ def one_run(task) -> tuple:
     jobs = read_pollux(Path(pollux) / folder / f"workload-{n}.csv")
     if "ownusers" in spec:  # Pollux's traces name no users (all one): the trust rule's worst case instead
         jobs = [replace(w, user=w.name) for w in jobs]
+    if _restart_opt(spec) == "model":
+        jobs = [replace(w, spec=replace(w.spec, restart_s=SIA_RESTART_S[w.spec.profile])) for w in jobs]
     cfg = goodput_config(spec) if kind == "goodput" else SimConfig()
     res = Simulation(jobs, _policy(spec), cfg).run()
     m = summarize(res)
@@ -109,6 +132,7 @@ def one_run(task) -> tuple:
     rho = [o.jct_s / alone[o.name] for o in res.jobs if o.jct_s is not None and alone.get(o.name)]
     m["ftf_p95"] = float(np.percentile(rho, 95)) if rho else None
     m["ftf_max"] = float(np.max(rho)) if rho else None
+    m["longest_jct_s"] = max((o.jct_s for o in res.jobs if o.jct_s is not None), default=None)
     return task[:4], m
 
 
@@ -124,6 +148,7 @@ def tasks(pollux: str) -> list:
     out += [("goodput", v, "workloads", n, pollux) for v, _ in VARIANTS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
+    out += [("goodput", v, "workloads", n, pollux) for v, _ in RESTARTS for n in range(1, 6)]
     return out
 
 
@@ -207,6 +232,38 @@ def main(argv=None) -> int:
     return 0
 
 
+def _checks(done) -> str:
+    """``sim.checks`` over the runs: cycles with a GPU idle while a fitting job waited / jobs held at a
+    size their measured gain says is wrong for longer than 30 min ("-" for runs cached before the check)."""
+    if not all("idle_wait_cycles" in m for m in done):
+        return "-"
+    return f"{sum(m['idle_wait_cycles'] for m in done)} / {sum(m['held_wrong_jobs'] for m in done)}"
+
+
+def _restarts_section(R) -> str:
+    """Section 5: dp (and the peer) when a rescale costs 10 s to 10 minutes, or each model its own cost."""
+    rows = []
+    for spec, label in (("dp", "dp, 30 s (section 1)"), ("pollux-dp", "pollux-dp, 30 s (section 1)")) + RESTARTS:
+        ms = [R.get(("goodput", spec, "workloads", n)) for n in range(1, 6)]
+        done = [m for m in ms if m]
+        if not done:
+            rows.append([label, "not run"] + [""] * 8)
+            continue
+        longest = [m.get("longest_jct_s") for m in done]
+        rows.append([label, f"{len(done)}/5", h(_mean([m["avg_jct_s"] for m in done])),
+                     h(_mean([m["p95_jct_s"] for m in done])),
+                     h(max(longest)) if all(x is not None for x in longest) else "-",
+                     f"{max(m['ftf_max'] for m in done):.1f}",
+                     f"{_mean([m['rescales_per_job'] for m in done]):.2f}", _checks(done),
+                     f"{max(m.get('held_wrong_max_s', 0.0) for m in done) / 3600:.1f}"
+                     if all("held_wrong_max_s" in m for m in done) else "-"])
+    return ("## 5. Restart costs from 10 s to 10 minutes (workloads/ 1-5, goodput work model)\n\n"
+            + report.markdown_table(["policy, restart cost", "workloads", "avg JCT h", "p95 JCT h", "longest job h",
+                                     "finish-time fairness max", "rescales per job",
+                                     "idle-while-waiting cycles / held at a wrong size", "longest wrong hold h"],
+                                    rows) + RESTARTS_NOTE)
+
+
 def _mean(xs):
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
@@ -278,7 +335,7 @@ def document(R: dict, minutes: float) -> str:
             ms = [R.get(("goodput", p, folder, n)) for n in range(1, 6)]
             done = [m for m in ms if m]
             if not done:
-                rows.append([p, "not run"] + [""] * 10)
+                rows.append([p, "not run"] + [""] * 11)
                 continue
             rows.append([p, f"{len(done)}/5", h(_mean([m["avg_jct_s"] for m in done])),
                          h(_mean([m["median_jct_s"] for m in done])), h(_mean([m["p95_jct_s"] for m in done])),
@@ -287,12 +344,13 @@ def document(R: dict, minutes: float) -> str:
                          f"{_mean([m['rescales_per_job'] for m in done]):.2f}",
                          sum(m["shrunk_soon_after_start"] for m in done), sum(m["reversals"] for m in done),
                          f"{min(m['placed_over_planned'] for m in done):.3f}",
-                         f"{_mean([m['gpu_utilization'] for m in done]):.2f}"])
+                         f"{_mean([m['gpu_utilization'] for m in done]):.2f}", _checks(done)])
         out.append(f"### `{folder}/` (means over the workloads run)\n")
         out.append(report.markdown_table(["policy", "workloads", "avg JCT h", "median JCT h", "p95 JCT h",
                                           "makespan h", "finish-time fairness p95 / max", "rescales per job",
                                           "shrunk within 2 cycles of start", "grow/shrink reversals",
-                                          "placed / planned (min)", "GPU util"], rows))
+                                          "placed / planned (min)", "GPU util",
+                                          "idle-while-waiting cycles / held at a wrong size"], rows))
         out.append("")
     out.append(PEERS_NOTE)
     # objective choice
@@ -329,6 +387,7 @@ def document(R: dict, minutes: float) -> str:
                     + [h(_mean([m["avg_jct_s"] for m in ms if m])) if any(ms) else "-"])
     out.append(report.markdown_table(["policy", "w1 avg JCT h", "w2", "w3", "w4", "w5", "mean"], rows))
     out.append(SAMPLES_NOTE)
+    out.append(_restarts_section(R))
     out.append(REGEN)
     return "\n".join(out)
 
@@ -427,6 +486,23 @@ SAMPLES_NOTE = """
 The paper's model (Saxena et al.): a job needs the same samples at any batch, so the only question is
 throughput; dp here runs its default objective (on goodput tables that know nothing of this model's
 batch indifference). Means over workloads/ 1-5.
+"""
+
+RESTARTS_NOTE = """
+Every rescale costs the given seconds (GPUs held, no progress), or each job its model's cost in the Sia
+artifact's simulator (cifar10 50 s, deepspeech2 25, bert 120, yolov3 80, imagenet 250, ncf 15). The rescale
+rule (`policies/_candidates._rescale_factor`): a new size keeps `(1 - restart_s / life) x (1 - thrash)` of
+its value, `life` the job's expected remaining life at its current size (the work it reports left over
+its rate; when it reports none, as long as it has run, at least the 1 h horizon), `thrash` = `margin x (1 +
+backoff x rescales) x restart_s / held` (the time it has held its size), at most 0.5: any gain above
+`2 / (1 - restart_s / life)` is made at once, whatever the restart cost and the job's history, and a
+smaller gain that the progress rule says pays is made once the size has been held long enough (the
+anti-thrash share decays with it). The old charge (`margin x (1 + backoff x rescales) x restart_s /
+min(horizon, remaining, held)`, clipped to 1) could not be paid by any gain once `restart_s` reached 450 s
+(or after a few rescales at 250 s): its rows show the jobs it left behind. "idle-while-waiting cycles":
+cycles in which, after every action, a GPU was free on which a pending job could start at its minimum
+(`sim/checks.py`); "held at a wrong size": jobs kept for more than 30 min at a size while idle GPUs would,
+by the job's own model, speed it up by more than twice what the restart costs over its true remaining life.
 """
 
 REGEN = """## How to regenerate
