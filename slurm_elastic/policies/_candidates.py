@@ -227,12 +227,12 @@ def make_candidates(
     np.cumsum(lens_a, out=offsets[1:])
     counts = cols[0].astype(np.int64)
     wt = np.array([jobs[j].weight for j in dp_list], dtype=np.float64)
-    if objective == "completion" and age_weight_s < float("inf"):  # the tail bound: weight grows with age
-        wt = wt * np.array([1.0 + max(0.0, jobs[j].age_s or 0.0) / age_weight_s for j in dp_list])
     run_a = np.array([running[j] for j in dp_list], dtype=np.int64)
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
     remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
+    if objective == "completion" and age_weight_s < float("inf"):  # tail bound: ranked as if shorter with age
+        remaining = remaining - np.array([max(0.0, jobs[j].age_s or 0.0) for j in dp_list]) * (3600.0 / age_weight_s)
     if realloc not in REALLOCS:
         raise ValueError(f"realloc must be one of {REALLOCS}, not {realloc!r}")
 
@@ -474,6 +474,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     keep_l = plan.keep[chosen_flat].tolist()
     picked = {j: p for p, j in enumerate(plan.dp_jobs.tolist())}
     better, better_at = _better_elsewhere(plan, chosen_flat, spare)
+    gainers = _gainers(plan, chosen_flat)
     out: dict = {}
     for j in (range(len(jobs)) if only is None else only):
         req = jobs[j]
@@ -483,7 +484,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
             reason = plan.reasons.get(j)
             if reason is None:
                 reason = ("preempted: its GPUs are worth more elsewhere" if r > 0
-                          else _waiting_reason(plan, j, chosen_flat, spare))
+                          else _waiting_reason(plan, j, gainers, spare))
             out[req.job_id] = JobAllocation(req.job_id, 0, reason=reason)
             continue
         k, batch, local, accum, sps = k_l[p], b_l[p], lb_l[p], a_l[p], s_l[p]
@@ -576,7 +577,19 @@ def _kept_plain(plan: Candidates, j: int, k: int) -> str:
     return f"kept: no reachable size is worth more by its {_source(req)} scaling"
 
 
-def _waiting_reason(plan: Candidates, j: int, chosen_flat: np.ndarray, spare: int) -> str:
+def _gainers(plan: Candidates, chosen_flat: np.ndarray) -> list:
+    """``(GPUs above its minimum, job id)`` of the jobs given the most above their minimum (at most 3,
+    largest first), and how many got any: whom a waiting job's GPUs went to."""
+    if not chosen_flat.size:
+        return [[], 0]
+    w = plan.weights[chosen_flat]
+    got = np.nonzero(w > 0)[0]
+    top = got[np.argsort(-w[got], kind="stable")[:3]]
+    jobs = plan.problem.jobs
+    return [[(int(w[q]), jobs[int(plan.dp_jobs[q])].job_id) for q in top], int(got.size)]
+
+
+def _waiting_reason(plan: Candidates, j: int, gainers: list, spare: int) -> str:
     """Why a pending job does not start: no count fits what running jobs' minimums leave, or the GPUs it
     would need are worth more to named other jobs (the ones given the most above their minimum)."""
     req = plan.problem.jobs[j]
@@ -585,17 +598,12 @@ def _waiting_reason(plan: Candidates, j: int, chosen_flat: np.ndarray, spare: in
     if kmin > plan.capacity:
         return (f"pending: its minimum of {_plural(kmin)} is more than the {plan.capacity} left after running "
                 f"jobs' minimums")
-    jobs = plan.problem.jobs
-    extra = []
-    for q, jj in enumerate(plan.dp_jobs.tolist()):
-        w = int(plan.weights[chosen_flat[q]]) if chosen_flat.size else 0
-        if w > 0 and jj != j:
-            extra.append((w, jobs[jj].job_id))
-    extra.sort(reverse=True)
-    if not extra:
+    top, count = gainers
+    top = [(w, jid) for w, jid in top if jid != req.job_id][:2]
+    if not top:
         return f"pending: its minimum of {_plural(kmin)} does not fit the {spare} GPUs free on the nodes"
-    who = ", ".join(f"job {jid} (+{w})" for w, jid in extra[:2]) + (f" and {len(extra) - 2} more" if len(extra) > 2
-                                                                   else "")
+    who = ", ".join(f"job {jid} (+{w})" for w, jid in top) + (f" and {count - len(top)} more" if count > len(top)
+                                                             else "")
     return (f"pending: its {_plural(kmin)} minimum is worth more to other jobs now: {who}"
             + (f"; {spare} spare do not place it" if spare >= kmin else ""))
 
