@@ -103,7 +103,7 @@ def make_candidates(
     realloc: str = "share",
     thrash_cap: float = 0.5,
     rank_cap: float = float("inf"),
-    age_weight_s: float = float("inf"),
+    age_credit: float = 0.0,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
@@ -113,6 +113,10 @@ def make_candidates(
     ``realloc="life"``: the rule that scales with the gain (:func:`_rescale_factor`): the restart against
     the job's expected remaining life, times an anti-thrash charge of at most ``thrash_cap``, so any gain
     above ``1 / (1 - thrash_cap)`` that the restart pays back over the job's life is made.
+    ``age_credit``: under ``completion``, a job is ranked as if it had ``age_credit`` seconds less work left
+    per second it has been in the system (its age), so a newer, shorter job outranks an older one only
+    while their remaining times differ by more than ``age_credit`` x the older one's extra age: what
+    short jobs may take from long ones is bounded (issue 23 item 7, tails).
     ``realloc="pollux"``: instead, Pollux's re-allocation factor (OSDI'21 section 4.2),
     ``max(0, (T - S d) / (T + d))`` with T the job's age, S its rescales so far and d its restart time
     (:func:`_pollux_factor`; the share rule where the age is unknown).
@@ -231,8 +235,8 @@ def make_candidates(
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
     remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
-    if objective == "completion" and age_weight_s < float("inf"):  # tail bound: ranked as if shorter with age
-        remaining = remaining - np.array([max(0.0, jobs[j].age_s or 0.0) for j in dp_list]) * (3600.0 / age_weight_s)
+    if objective == "completion" and age_credit > 0:  # the tail bound: ranked as if shorter with age (_scale)
+        remaining = remaining - age_credit * np.array([max(0.0, jobs[j].age_s or 0.0) for j in dp_list])
     if realloc not in REALLOCS:
         raise ValueError(f"realloc must be one of {REALLOCS}, not {realloc!r}")
 

@@ -50,7 +50,9 @@ class DPPolicy(Policy):
     issue 23 (``restart_margin x (1 + backoff x rescales) x restart_s / min(horizon, remaining, held)``,
     which no gain could pay once a restart cost 450 s). ``round_trip``: a grow also pays the restart
     back to its minimum (off). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
-    ``fills``: rounds that give GPUs the placement repair left idle to grows that pay (pending jobs
+    ``age_credit`` (``completion``): a job ranks as if it had that many seconds less left per second of
+    its age, the bound on what short jobs take from long ones (4: p95 JCT at or below pollux-dp's;
+    0: pure SRPT ranks). ``fills``: rounds that give GPUs the placement repair left idle to grows that pay (pending jobs
     always start on them). Defaults chosen by measurement (docs/EVALUATION.md sections 3 and 5).
     """
 
@@ -62,7 +64,7 @@ class DPPolicy(Policy):
                  placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
                  backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm",
                  realloc: str = "life", thrash_cap: float = 0.5, rank_cap: float = float("inf"),
-                 fills: int = 0, age_weight_s: float = float("inf")):
+                 fills: int = 0, age_credit: float = 4.0):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)
@@ -91,9 +93,9 @@ class DPPolicy(Policy):
         if not self.rank_cap >= 1:
             raise ValueError(f"rank_cap must be a number >= 1, not {rank_cap!r}")
         self.fills = int(fills)
-        self.age_weight_s = float(age_weight_s)
-        if not self.age_weight_s > 0:
-            raise ValueError(f"age_weight_s must be a number > 0, not {age_weight_s!r}")
+        self.age_credit = float(age_credit)
+        if not 0 <= self.age_credit < float("inf"):
+            raise ValueError(f"age_credit must be a finite number >= 0, not {age_credit!r}")
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
@@ -121,7 +123,7 @@ class DPPolicy(Policy):
                                starvation_s=self.starvation_s, efficiency=eff, objective=value,
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
                                round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
-                               rank_cap=self.rank_cap, age_weight_s=self.age_weight_s)
+                               rank_cap=self.rank_cap, age_credit=self.age_credit)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         with gc_paused():
@@ -136,7 +138,8 @@ class DPPolicy(Policy):
             # the objective decided for the whole problem (no fallback per pool), the same stability rule
             joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective, unranked="las",
                              restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
-                             round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap)
+                             round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
+                             rank_cap=self.rank_cap, age_credit=self.age_credit)
             return allocate_pools(problem, joint.candidates, admission=self.admission, starvation_s=self.starvation_s,
                                   objective=value, placement=self.placement, name=self.name)
         t0 = time.perf_counter()

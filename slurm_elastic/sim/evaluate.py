@@ -47,6 +47,7 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:ownusers", "dp, every job its own user (no history: a waiting job's claim never counts)"),
             ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
              "dp, rescale stability off (restart over its expected life, no anti-thrash share)"),
+            ("dp:age_credit=0", "dp, pure SRPT ranks (no age credit: short jobs may take any time from long ones)"),
             ("dp:realloc=share", "dp, the old restart charge (margin x (1 + backoff x rescales) x restart / "
                                  "min(horizon, remaining, held); before issue 23)"))
 
