@@ -146,10 +146,10 @@ def tasks(pollux: str) -> list:
     for folder in SETS:
         for p in ("pollux-dp", "tiresias", "static"):
             out += [("goodput", p, folder, n, pollux) for n in range(1, 6)]
+    out += [("goodput", v, "workloads", n, pollux) for v, _ in RESTARTS for n in range(1, 6)]
     out += [("goodput", v, "workloads", n, pollux) for v, _ in VARIANTS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
-    out += [("goodput", v, "workloads", n, pollux) for v, _ in RESTARTS for n in range(1, 6)]
     return out
 
 
