@@ -51,8 +51,9 @@ class DPPolicy(Policy):
     which no gain could pay once a restart cost 450 s). ``round_trip``: a grow also pays the restart
     back to its minimum (off). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
     ``age_credit`` (``completion``): a job ranks as if it had that many seconds less left per second of
-    its age, the bound on what short jobs take from long ones (4: p95 JCT at or below pollux-dp's;
-    0: pure SRPT ranks). ``fills``: rounds that give GPUs the placement repair left idle to grows that pay (pending jobs
+    its age, a bound on what short jobs take from long ones (0, the default: pure SRPT ranks; 4 brings
+    p95 JCT below pollux-dp's but lets old jobs hold short ones back: finish-time fairness p95 69 against
+    6 at 2x load, docs/EVALUATION.md section 3). ``fills``: rounds that give GPUs the placement repair left idle to grows that pay (pending jobs
     always start on them). Defaults chosen by measurement (docs/EVALUATION.md sections 3 and 5).
     """
 
@@ -64,7 +65,7 @@ class DPPolicy(Policy):
                  placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
                  backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm",
                  realloc: str = "life", thrash_cap: float = 0.5, rank_cap: float = float("inf"),
-                 fills: int = 0, age_credit: float = 4.0):
+                 fills: int = 0, age_credit: float = 0.0):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)

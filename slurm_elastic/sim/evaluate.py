@@ -47,7 +47,8 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:ownusers", "dp, every job its own user (no history: a waiting job's claim never counts)"),
             ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
              "dp, rescale stability off (restart over its expected life, no anti-thrash share)"),
-            ("dp:age_credit=0", "dp, pure SRPT ranks (no age credit: short jobs may take any time from long ones)"),
+            ("dp:age_credit=4", "dp, age credit 4 (ranked as if 4 s shorter per second of age: bounds what short "
+                                "jobs take from long ones)"),
             ("dp:realloc=share", "dp, the old restart charge (margin x (1 + backoff x rescales) x restart / "
                                  "min(horizon, remaining, held); before issue 23)"))
 
@@ -149,6 +150,7 @@ def tasks(pollux: str) -> list:
     out += [("goodput", v, "workloads", n, pollux) for v, _ in RESTARTS for n in range(1, 6)]
     out += [("goodput", v, "workloads", n, pollux) for v, _ in VARIANTS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
+    out += [("goodput", "dp:age_credit=4", "workloads-2.0", n, pollux) for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
     return out
 

@@ -154,12 +154,13 @@ def test_age_credit_bounds_what_short_jobs_take_from_long_ones():
     s = spec(max_gpus=3, batch=64)
     long_old = job(0, s, running=1, batch=64, remaining_samples=5e6, age_s=0.0, held_s=1e5)
     short = job(1, s, running=1, batch=64, remaining_samples=1e5, age_s=0.0, held_s=1e5)
-    young = get_policy("dp").candidates(AllocationProblem(4, 4, (long_old, short)))
+    young = get_policy("dp", age_credit=4).candidates(AllocationProblem(4, 4, (long_old, short)))
     assert young.values[young.offsets[1]] > young.values[young.offsets[0]]  # SRPT: the short job ranks first
     from dataclasses import replace
-    aged = get_policy("dp").candidates(AllocationProblem(4, 4, (replace(long_old, age_s=36000.0), short)))
+    aged = get_policy("dp", age_credit=4).candidates(AllocationProblem(4, 4, (replace(long_old, age_s=36000.0),
+                                                                             short)))
     assert aged.values[aged.offsets[0]] > aged.values[aged.offsets[1]]  # 10 h old: it ranks first now
-    pure = get_policy("dp", age_credit=0).candidates(AllocationProblem(4, 4, (replace(long_old, age_s=36000.0),
+    pure = get_policy("dp").candidates(AllocationProblem(4, 4, (replace(long_old, age_s=36000.0),
                                                                              short)))
     assert pure.values[pure.offsets[1]] > pure.values[pure.offsets[0]]
     with pytest.raises(ValueError, match="age_credit"):
