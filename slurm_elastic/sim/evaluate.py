@@ -377,6 +377,19 @@ def document(R: dict, minutes: float) -> str:
     out.append("\nWhen no job reports its progress, average JCT h (means over workloads 1-5; Pollux's published "
                "means 0.722 / 1.520):\n")
     out.append(_both_loads_table(R, NO_PROGRESS, "fallback"))
+    out.append("Age credit at 2x load (`workloads-2.0/`, means over workloads 1-5; lower is better):\n")
+    rows = []
+    for spec, label in (("dp", "dp (default: pure SRPT ranks)"), ("dp:age_credit=4", "dp, age credit 4"),
+                        ("pollux-dp", "pollux-dp")):
+        ms = [R.get(("goodput", spec, "workloads-2.0", n)) for n in range(1, 6)]
+        if all(ms):
+            rows.append([label, h(_mean([m["avg_jct_s"] for m in ms])), h(_mean([m["p95_jct_s"] for m in ms])),
+                         f"{_mean([m['ftf_p95'] for m in ms]):.1f} / {max(m['ftf_max'] for m in ms):.1f}",
+                         str(sum(1 for m, px in zip(ms, [R.get(("goodput", "pollux-dp", "workloads-2.0", n))
+                                                        for n in range(1, 6)], strict=True)
+                                 if px and m["p95_jct_s"] <= px["p95_jct_s"])) + "/5"])
+    out.append(report.markdown_table(["policy", "avg JCT h", "p95 JCT h", "finish-time fairness p95 / max",
+                                      "p95 at or below pollux-dp"], rows) + "\n")
     out.append("What the trust rule costs honest jobs (docs/ALGORITHM.md, \"Claims and the trust rule\": work left "
                "counts once a job ran 60 s with a verified throughput, or before it ran for a user whose claims "
                "were borne out; noise scale clipped to 10 x max_batch), average JCT h:\n")
@@ -440,6 +453,19 @@ def _headline_verdict(R) -> str:
              + (f"; above on {', '.join(over)}." if over else ".")]
     lines.append(f"- Average JCT: dp at or below pollux-dp on {len(both) - len(slower)} of {len(both)} workloads"
                  + (f"; above on {', '.join(slower)}." if slower else "."))
+    tail = [f"{w} ({d['p95_jct_s'] / 3600:.2f} against {px['p95_jct_s'] / 3600:.2f} h)" for w, d, px in both
+            if d["p95_jct_s"] > px["p95_jct_s"]]
+    lines.append(f"- p95 JCT: dp at or below pollux-dp on {len(both) - len(tail)} of {len(both)} workloads"
+                 + (f"; above on {', '.join(tail)}." if tail else "."))
+    idle = [f"{w} ({d['idle_wait_cycles']})" for w, d, _ in both if d.get("idle_wait_cycles")]
+    lines.append(f"- Cycles with a GPU idle while a pending job that fits waited (`sim/checks.py`): "
+                 + (", ".join(idle) if idle else "none") + ".")
+    for folder in SETS:
+        ms = [R.get(("goodput", "dp:noprogress", folder, n)) for n in range(1, 6)]
+        if all(ms):
+            m, pub = _mean([x["avg_jct_s"] for x in ms]) / 3600, sum(POLLUX_PUBLISHED[folder]) / 5
+            lines.append(f"- No job reporting its remaining work, `{folder}/`: dp averages {m:.3f} h, "
+                         f"{100 * (1 - m / pub):.1f}% below Pollux's published {pub:.3f} h.")
     for folder in SETS:
         pxs = [R.get(("goodput", "pollux-dp", folder, n)) for n in range(1, 6)]
         if all(pxs):
@@ -452,9 +478,13 @@ def _headline_verdict(R) -> str:
 PEERS_NOTE = """
 - `dp`: goodput tables (throughput x efficiency from the job's reported noise scale, else its app's
   measured table, else a conservative efficiency), objective `completion` (below), joint admission,
-  a rescale only when it pays for itself 8 times over its expected life (below), exact knapsack,
-  made placeable on the nodes (replay in the planner's order, one capped re-solve on small problems,
-  repair) (`policies/_placement.py`).
+  a rescale when its gain pays the restart over the job's expected life and an anti-thrash share of
+  at most a half (below; section 5), exact knapsack, made placeable on the nodes (replay in the
+  planner's order, one capped re-solve on small problems, repair, then pending jobs started on GPUs the
+  repair left idle) (`policies/_placement.py`). A running job keeps its batch at its count (the planner
+  makes no batch-only change). "idle-while-waiting cycles / held at a wrong size": `sim/checks.py`
+  (section 5); "-": a run cached before the check existed (tiresias, static, 2x fixed-batch: policies
+  this change does not touch).
 - `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, Pollux's
   re-allocation factor (T - S d) / (T + d) (T age, S re-allocations, d restart) -- solved exactly by
   the same DP and placement (not Pollux's genetic algorithm).
@@ -474,10 +504,14 @@ the jobs report their remaining work the ranks would be mostly guesses, and the 
 service; the table after the verdict compares the two). Admission is `joint`:
 a pending job starts when its GPUs are worth more to it than to the running jobs (short jobs first),
 except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
-wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps only
-`1 - 8 x restart_s / life` of the new size's value, `life` the least of the horizon, the time the job
-still needs at its current size and the time it has held its current size (what the last size lasted
-is the best guess of what the next will; a job just resized, or about to finish, stays as it is). The
+wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps
+`(1 - restart_s / life) x (1 - thrash)` of the new size's value, `life` the job's expected remaining
+life, `thrash = 8 x (1 + 0.15 x rescales) x restart_s / held` at most 0.5 (`held`: the time it has held
+its size; section 5). The `old restart charge` row is the rule before issue 23 (`1 - 8 x (1 + 0.15 x
+rescales) x restart_s / min(horizon, remaining, held)`): at 30 s the two are close, at 250 s and more
+they are not (section 5). The `age credit` row ranks a job as if it had 4 s less work left per second
+of its age (a bound on what short jobs take from long ones): lower p95 JCT, but old jobs then hold
+short ones back (finish-time fairness, and the 2x rows below); not the default. The
 `round trip` row charges a grow also that share of the job's value at its minimum (the GPUs a grow
 takes are the ones the next admission reclaims, and a reclaimed job goes back to its minimum, a second
 restart that the grow causes): fewer rescales, for a longer average and p95 JCT, so it is not the
