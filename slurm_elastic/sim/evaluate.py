@@ -458,7 +458,7 @@ def _headline_verdict(R) -> str:
     lines.append(f"- p95 JCT: dp at or below pollux-dp on {len(both) - len(tail)} of {len(both)} workloads"
                  + (f"; above on {', '.join(tail)}." if tail else "."))
     idle = [f"{w} ({d['idle_wait_cycles']})" for w, d, _ in both if d.get("idle_wait_cycles")]
-    lines.append(f"- Cycles with a GPU idle while a pending job that fits waited (`sim/checks.py`): "
+    lines.append("- Cycles with a GPU idle while a pending job that fits waited (`sim/checks.py`): "
                  + (", ".join(idle) if idle else "none") + ".")
     for folder in SETS:
         ms = [R.get(("goodput", "dp:noprogress", folder, n)) for n in range(1, 6)]
