@@ -193,7 +193,6 @@ def test_auto_admission_is_priority_while_pending_minimums_fit_and_joint_when_th
 
 def test_round_trip_a_grow_pays_the_restart_back_to_its_minimum():
     problem = _grow_case(held_s=900.0)
-    r = problem.jobs[0]
     plain = get_policy("dp", round_trip=False).candidates(problem)
     trip = get_policy("dp", round_trip=True).candidates(problem)
     share = 1.0 - float(plain.factor[0])  # what a rescale of this job loses (_rescale_factor)
