@@ -67,6 +67,8 @@ class Candidates:
     factor: np.ndarray  # per optimised job: the value kept by a rescale (1 - restart share)
     gross: np.ndarray  # per flat choice: its value before any restart charge
     goodput: dict[int, float | None] = field(default_factory=dict)  # current goodput, where values are goodput
+    # the rescale rule's parameters (realloc, margin, tenure, backoff, thrash cap): what reasons quote
+    rule: tuple = ("share", 1.0, False, 0.0, 0.5)
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -99,12 +101,22 @@ def make_candidates(
     backoff: float = 0.0,
     round_trip: bool = False,
     realloc: str = "share",
+    thrash_cap: float = 0.5,
+    rank_cap: float = float("inf"),
+    age_credit: float = 0.0,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
     choice is valued (see :func:`choice_values`). ``fair_ref``: speedups relative to the job's fair share
     (its largest allowed count <= GPUs / jobs, as Pollux defines them) instead of its minimum.
     ``restart_margin``, ``tenure``: how a rescale must pay for itself (:func:`_restart_share`).
+    ``realloc="life"``: the rule that scales with the gain (:func:`_rescale_factor`): the restart against
+    the job's expected remaining life, times an anti-thrash charge of at most ``thrash_cap``, so any gain
+    above ``1 / (1 - thrash_cap)`` that the restart pays back over the job's life is made.
+    ``age_credit``: under ``completion``, a job is ranked as if it had ``age_credit`` seconds less work left
+    per second it has been in the system (its age), so a newer, shorter job outranks an older one only
+    while their remaining times differ by more than ``age_credit`` x the older one's extra age: what
+    short jobs may take from long ones is bounded (issue 23 item 7, tails).
     ``realloc="pollux"``: instead, Pollux's re-allocation factor (OSDI'21 section 4.2),
     ``max(0, (T - S d) / (T + d))`` with T the job's age, S its rescales so far and d its restart time
     (:func:`_pollux_factor`; the share rule where the age is unknown).
@@ -123,6 +135,9 @@ def make_candidates(
     _none = (None, None)
     effs = [efficiency(r) for r in jobs] if efficiency is not None else [_none] * n
     flex, tabs = _tables(problem, fixed_batch, effs)
+    for j, r in enumerate(jobs):  # nothing measured: admitted at what it asked for, up to the free GPUs
+        if r.running_gpus <= 0 and unmeasured(r) and len(tabs[j]):
+            tabs[j] = as_asked(tabs[j], r.spec)
     refs = np.array([float(f.value[0]) if len(f) else 0.0 for f in flex])
     if fair_ref and n:
         share = problem.total_gpus / n
@@ -220,16 +235,24 @@ def make_candidates(
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
     remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
-    if realloc not in ("share", "pollux"):
-        raise ValueError(f"realloc must be 'share' or 'pollux', not {realloc!r}")
-    factor = np.array([(_pollux_factor(jobs[j]) if realloc == "pollux" and jobs[j].age_s is not None else
-                        1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff))
-                       if running[j] > 0 else 1.0 for j in dp_list])
+    if objective == "completion" and age_credit > 0:  # the tail bound: ranked as if shorter with age (_scale)
+        remaining = remaining - age_credit * np.array([max(0.0, jobs[j].age_s or 0.0) for j in dp_list])
+    if realloc not in REALLOCS:
+        raise ValueError(f"realloc must be one of {REALLOCS}, not {realloc!r}")
+
+    def rescale_factor(j: int) -> float:
+        if realloc == "pollux" and jobs[j].age_s is not None:
+            return _pollux_factor(jobs[j])
+        if realloc == "life":
+            return _rescale_factor(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff, thrash_cap)
+        return 1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff)
+
+    factor = np.array([rescale_factor(j) if running[j] > 0 else 1.0 for j in dp_list])
     r_rep = np.repeat(run_a, lens_a)
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
     speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
-    scale = np.repeat(_scale(objective, wt, remaining), lens_a)
+    scale = np.repeat(_scale(objective, wt, remaining, rank_cap), lens_a)
     net = speedup * pen
     if round_trip and dp_list:
         at_min = np.array([float(tabs[j].value[0]) / refs[j] if len(tabs[j]) and refs[j] > 0 else 0.0
@@ -260,17 +283,17 @@ def make_candidates(
                                      np.array([True]), p)[0]
         if cur is None or req.spec.split_batch(req.running_gpus, req.running_batch) is None:
             continue  # cannot keep what it runs now (out of range): any start is a restart
-        keep_value = float(choice_values(objective, np.array([(cur_rate.get(j) or cur) / refs[j]]),
-                                         np.array([scale[flat]]), np.array([True]), p)[0])
-        if keep_value >= values[flat]:
-            values[flat] = keep_value
-            keep[flat] = True
+        # The planner carries out no batch-only change (planner.py rule 2): at its running count the job
+        # keeps its batch, valued at what it does now, so the policy plans only what can be enacted.
+        values[flat] = float(choice_values(objective, np.array([(cur_rate.get(j) or cur) / refs[j]]),
+                                           np.array([scale[flat]]), np.array([True]), p)[0])
+        keep[flat] = True
     for j in range(n):
         if running[j] > 0 and j not in current:
             current[j] = current_samples_per_s(jobs[j], ns)
     goodput = {j: v for j, v in cur_rate.items() if effs[j][0] is not None}
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
-                      current, factor, gross, goodput)
+                      current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap))
 
 
 @contextmanager
@@ -289,10 +312,11 @@ def gc_paused():
 
 
 OBJECTIVES = ("speedup", "pnorm", "completion")
+REALLOCS = ("share", "life", "pollux")
 ADMISSIONS = ("priority", "joint", "auto")
 
 
-def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray) -> np.ndarray:
+def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray, rank_cap: float = float("inf")) -> np.ndarray:
     """Per-job factor of the value: the weight, and for ``completion`` the job's SRPT rank.
 
     The rank of a job is the number of optimised jobs expected to finish no earlier than it (itself
@@ -304,7 +328,7 @@ def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray) -> np.ndarra
         order = np.argsort(-remaining_s, kind="stable")
         rank = np.empty(remaining_s.size)
         rank[order] = np.arange(1, remaining_s.size + 1)
-        return wt * rank
+        return wt * np.minimum(rank, rank_cap)
     return wt
 
 
@@ -346,6 +370,24 @@ def _remaining_s(req, ref_value: float, horizon_s: float) -> float:
     return max(horizon_s, req.attained_gpu_s / kmin)
 
 
+def unmeasured(req) -> bool:
+    """Nothing measured: no named profile, no declared points, no report yet (the conservative default
+    prior, ``profiles.learned``): its predicted speedups are a guess, not the job's."""
+    return getattr(req.model, "provenance", None) == "prior"
+
+
+def as_asked(t: JobTable, spec) -> JobTable:
+    """A pending job's table when nothing is measured: its counts up to what it asked for (``gpus=``, else
+    its ``max_gpus``), each valued as if it scaled linearly from its minimum, so that the knapsack admits
+    it at the largest of those the free GPUs allow (work-conserving: two jobs allowed 1-16 GPUs on an
+    empty 16-GPU cluster share all 16, not 1 each). Once it reports, its own measurements decide."""
+    want = spec.gpus if spec.gpus is not None else spec.max_gpus
+    keep = t.counts <= max(want, int(t.counts[0]))
+    k0, v0 = float(t.counts[0]), float(t.value[0])
+    value = np.maximum(t.value[keep], v0 * t.counts[keep] / k0)
+    return JobTable(t.counts[keep], t.nodes[keep], t.batch[keep], t.local[keep], t.accum[keep], t.sps[keep], value)
+
+
 def _pollux_factor(req) -> float:
     """Pollux's re-allocation factor: ``max(0, (T - S d) / (T + d))``, T the job's age (since submission),
     S the re-allocations it has had, d its restart time. A young or often re-allocated job keeps little
@@ -353,6 +395,46 @@ def _pollux_factor(req) -> float:
     d = restart_s(req)
     t = float(req.age_s)
     return max(0.0, (t - int(req.rescales) * d) / (t + d)) if t + d > 0 else 0.0
+
+
+def life_s(req, problem, cur_value: float | None) -> float:
+    """The job's expected remaining life at its current size: the work it reports left over its current
+    rate; when it reports none, as long as it has already run at that size (least attained service: a
+    job that has run long is expected to run long), at least the planning horizon. Not capped by the
+    horizon: a job with days left gains for days from a rescale."""
+    if req.remaining_samples is not None and cur_value:
+        return max(0.0, float(req.remaining_samples) / cur_value)
+    return max(float(problem.horizon_s), float(req.attained_gpu_s) / max(1, req.running_gpus))
+
+
+def thrash_share(req, problem, margin: float, tenure: bool, backoff: float, cap: float) -> float:
+    """The anti-thrash charge: ``margin x (1 + backoff x rescales) x restart_s / held``, ``held`` the time
+    the job has held its size (with ``tenure``; else the horizon), capped at ``cap`` < 1, so that it slows
+    a job that keeps being resized but never makes a large gain unpayable; and, as ``held`` grows without
+    bound, any gain the progress rule says pays is made within a bounded time."""
+    held = float(problem.horizon_s)
+    if tenure and req.held_s is not None:
+        held = float(req.held_s)
+    m = margin * (1.0 + backoff * max(0, int(req.rescales)))
+    if held <= 0:
+        return cap
+    return min(cap, max(0.0, m * restart_s(req) / held))
+
+
+def _rescale_factor(req, problem, cur_value: float | None, margin: float = 8.0, tenure: bool = True,
+                    backoff: float = 0.15, cap: float = 0.5) -> float:
+    """The share of a new size's value a rescale keeps: ``(1 - restart_s / life) x (1 - thrash)``.
+
+    The first factor is the progress rule: a rescale from rate c to n pays when the job, restarted, ends
+    sooner than if kept (``restart + W / n < W / c``, W the work left, ``life = W / c``), that is when
+    ``n x (1 - restart / life) > c``. The second is :func:`thrash_share`, at most ``cap``: a gain of more
+    than ``1 / ((1 - cap) x (1 - restart / life))`` always pays, for any restart cost and any history
+    (a job on 1 GPU that 24 would speed up 15 times is grown, however often it was resized)."""
+    life = life_s(req, problem, cur_value)
+    r = restart_s(req)
+    if life <= r:
+        return 0.0
+    return (1.0 - r / life) * (1.0 - thrash_share(req, problem, margin, tenure, backoff, cap))
 
 
 def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, tenure: bool = False,
@@ -396,6 +478,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
     keep_l = plan.keep[chosen_flat].tolist()
     picked = {j: p for p, j in enumerate(plan.dp_jobs.tolist())}
     better, better_at = _better_elsewhere(plan, chosen_flat, spare)
+    gainers = _gainers(plan, chosen_flat)
     out: dict = {}
     for j in (range(len(jobs)) if only is None else only):
         req = jobs[j]
@@ -405,7 +488,7 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
             reason = plan.reasons.get(j)
             if reason is None:
                 reason = ("preempted: its GPUs are worth more elsewhere" if r > 0
-                          else "pending: not started, its GPUs are worth more to running jobs")
+                          else _waiting_reason(plan, j, gainers, spare))
             out[req.job_id] = JobAllocation(req.job_id, 0, reason=reason)
             continue
         k, batch, local, accum, sps = k_l[p], b_l[p], lb_l[p], a_l[p], s_l[p]
@@ -417,11 +500,10 @@ def build_allocation(plan: Candidates, chosen_flat: np.ndarray, policy: str, sol
                 batch, (local, accum) = req.running_batch, split
                 sps = cur or sps
         if r <= 0:
-            kmin = int(plan.tables[j].counts[0])
-            reason = f"admitted: {k} GPU{'s' if k != 1 else ''}" + (f" (minimum {kmin})" if k > kmin else "")
+            reason = _admitted_reason(plan, j, k, v_l[p])
         elif keep:
-            reason = _kept_reason(plan, p, int(chosen_flat[p]), better_at) if better[p] \
-                else "kept: no reachable size is worth more"
+            reason = _kept_reason(plan, p, int(chosen_flat[p]), better_at) if better[p] and not req.frozen \
+                else _kept_plain(plan, j, k)
         elif k > r:
             reason = f"grown {r}->{k}: {_gain(sps, cur, v_l[p], plan.goodput.get(j))}".rstrip(": ")
         elif k < r:
@@ -457,20 +539,109 @@ def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> 
     return (np.bincount(pos[better], minlength=n) > 0) | (plan.factor <= 0), better
 
 
+def _plural(k: int) -> str:
+    return f"{k} GPU{'s' if k != 1 else ''}"
+
+
+def _source(req) -> str:
+    """Where a job's speeds come from, in a reason: its reports, its profile, its declared points."""
+    prov = getattr(req.model, "provenance", None)
+    if prov:
+        return "measured" if prov.startswith("fitted") else {"profile": "profiled", "declared": "declared",
+                                                              "prior": "default (nothing measured)"}.get(prov, prov)
+    return "profiled"
+
+
+def _admitted_reason(plan: Candidates, j: int, k: int, value: float) -> str:
+    """Why a pending job starts at ``k``: what it asked for when nothing is measured, else its scaling."""
+    req = plan.problem.jobs[j]
+    t = plan.tables[j]
+    kmin = int(t.counts[0])
+    head = f"admitted: {_plural(k)}"
+    if unmeasured(req):
+        want = req.spec.gpus if req.spec.gpus is not None else req.spec.max_gpus
+        if k >= want:
+            return f"{head}, what it asked for (nothing measured yet)"
+        return f"{head} of the {want} it asked for: the GPUs free now (nothing measured yet)"
+    if k <= kmin:
+        return head + (" (its minimum: more GPUs are worth more to other jobs)" if len(t) > 1 else "")
+    ref = float(plan.refs[j])
+    x = f"{value / ref:.1f}x" if ref > 0 and np.isfinite(value) else "more than"
+    return f"{head} (minimum {kmin}; {x} its minimum's {'goodput' if plan.goodput is not None else 'speed'} " \
+           f"by its {_source(req)} scaling)"
+
+
+def _kept_plain(plan: Candidates, j: int, k: int) -> str:
+    """Why a running job keeps its size when no other reachable size would be better even before the
+    restart: frozen (cooldown, in flight), or its scaling says so."""
+    req = plan.problem.jobs[j]
+    if req.frozen:
+        since = f" {req.held_s:.0f} s ago" if req.held_s is not None else ""
+        return f"kept: started or resized{since} (cooldown or in flight): not resized until it settles"
+    return f"kept: no reachable size is worth more by its {_source(req)} scaling"
+
+
+def _gainers(plan: Candidates, chosen_flat: np.ndarray) -> list:
+    """``(GPUs above its minimum, job id)`` of the jobs given the most above their minimum (at most 3,
+    largest first), and how many got any: whom a waiting job's GPUs went to."""
+    if not chosen_flat.size:
+        return [[], 0]
+    w = plan.weights[chosen_flat]
+    got = np.nonzero(w > 0)[0]
+    top = got[np.argsort(-w[got], kind="stable")[:3]]
+    jobs = plan.problem.jobs
+    return [[(int(w[q]), jobs[int(plan.dp_jobs[q])].job_id) for q in top], int(got.size)]
+
+
+def _waiting_reason(plan: Candidates, j: int, gainers: list, spare: int) -> str:
+    """Why a pending job does not start: no count fits what running jobs' minimums leave, or the GPUs it
+    would need are worth more to named other jobs (the ones given the most above their minimum)."""
+    req = plan.problem.jobs[j]
+    t = plan.tables[j]
+    kmin = int(t.counts[0]) if len(t) else req.spec.min_gpus
+    if kmin > plan.capacity:
+        return (f"pending: its minimum of {_plural(kmin)} is more than the {plan.capacity} left after running "
+                f"jobs' minimums")
+    top, count = gainers
+    top = [(w, jid) for w, jid in top if jid != req.job_id][:2]
+    if not top:
+        return f"pending: its minimum of {_plural(kmin)} does not fit the {spare} GPUs free on the nodes"
+    who = ", ".join(f"job {jid} (+{w})" for w, jid in top) + (f" and {count - len(top)} more" if count > len(top)
+                                                             else "")
+    return (f"pending: its {_plural(kmin)} minimum is worth more to other jobs now: {who}"
+            + (f"; {spare} spare do not place it" if spare >= kmin else ""))
+
+
 def _kept_reason(plan: Candidates, p: int, c: int, better: np.ndarray) -> str:
     """Why a kept job whose other sizes would be better but for the restart keeps its size: which size and
-    its gain before the restart charge (``status`` shows it). Only for the jobs _better_elsewhere picks;
-    ``better``: its per-choice answer."""
+    its gain before the restart charge, and what the charge is made of (``status`` shows it). Only for the
+    jobs _better_elsewhere picks; ``better``: its per-choice answer."""
     lo, hi = int(plan.offsets[p]), int(plan.offsets[p + 1])
-    req = plan.problem.jobs[int(plan.dp_jobs[p])]
+    j = int(plan.dp_jobs[p])
+    req = plan.problem.jobs[j]
     r = restart_s(req)
+    cost = _charge(plan, j, r)
     if not better[lo:hi].any() or plan.values[c] <= 0:
         if plan.factor[p] <= 0:
-            return f"kept: gain below restart cost (a {r:.0f} s restart would cost all of a rescale's value)"
-        return "kept: gain below restart cost"
+            return f"kept: gain below restart cost (a {r:.0f} s restart would cost all of a rescale's value{cost})"
+        return f"kept: gain below restart cost ({cost.lstrip('; ')})" if cost else "kept: gain below restart cost"
     raw = np.where(better[lo:hi], plan.gross[lo:hi], -np.inf)
     best = int(np.argmax(raw))
     k = int(plan.cols[0, lo + best])
     gain = float(raw[best]) / float(plan.values[c]) - 1.0
-    return (f"kept: gain below restart cost ({k} GPU{'s' if k != 1 else ''} would gain {gain:+.0%}, less than "
-            f"its {r:.0f} s restart costs over its expected life)")
+    return (f"kept: gain below restart cost ({_plural(k)} would gain {gain:+.0%}, less than "
+            f"its {r:.0f} s restart costs{cost or ' over its expected life'})")
+
+
+def _charge(plan: Candidates, j: int, r: float) -> str:
+    """The rescale charge in figures (the ``life`` rule): the job's expected life and the anti-thrash share."""
+    realloc, margin, tenure, backoff, cap = plan.rule
+    if realloc != "life":
+        return ""
+    req = plan.problem.jobs[j]
+    cur = plan.goodput.get(j) if plan.goodput.get(j) is not None else plan.current.get(j)
+    life = life_s(req, plan.problem, cur)
+    thr = thrash_share(req, plan.problem, margin, tenure, backoff, cap)
+    held = f", held {req.held_s / 60:.0f} min" if tenure and req.held_s is not None else ""
+    return (f" over its expected {life / 3600:.1f} h life; anti-thrash {thr:.0%} after {req.rescales} "
+            f"rescale{'s' if req.rescales != 1 else ''}{held}")

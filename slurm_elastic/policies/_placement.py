@@ -287,27 +287,80 @@ def _fill(cand, chosen: np.ndarray, spare: int) -> np.ndarray | None:
     return out
 
 
+START_FILL_TRIES = 16  # starts tried by _start_fill (each try is one linear replay, ~10 ms at 1,000 jobs)
+START_FILL_LARGE = 512  # beyond this many jobs, 2 tries (bench allocator's 1,000 jobs: +20 ms, not +170)
+
+
+def _start_fill(cand, chosen: np.ndarray, tries: int | None = None) -> np.ndarray:
+    """Start pending jobs on the GPUs the repair left idle: in order of the value of their start, each at
+    its most valuable count within the spare GPUs whose whole choice still replays without a failure
+    (the planner places starts before grows, so a start must not take a node a grow needs). No running
+    job is restarted for them; a start always adds value, so no GPU is left idle while a job that fits
+    waits (issue 23 item 7)."""
+    spare = int(cand.capacity - cand.weights[chosen].sum())
+    if spare <= 0:
+        return chosen
+    if tries is None:
+        tries = START_FILL_TRIES if cand.dp_jobs.size <= START_FILL_LARGE else 2
+    jobs = cand.problem.jobs
+    pend = []
+    for p, j in enumerate(cand.dp_jobs.tolist()):
+        lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
+        if jobs[j].running_gpus > 0 or int(cand.cols[0, chosen[p]]) > 0 or hi - lo < 2:
+            continue
+        gain = float(cand.values[lo + 1:hi].max() - cand.values[chosen[p]])
+        if gain > 0:
+            pend.append((-gain, p))
+    pend.sort()
+    out = chosen
+    ns = cand.problem.node_size
+    free = _replay(cand, out, fix=False)[2]  # the map after every action: a start must fit there too
+    tried = 0
+    for _, p in pend:
+        lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
+        i0 = int(out[p])
+        r = jobs[int(cand.dp_jobs[p])]
+        opts = [i for i in range(lo, hi) if cand.cols[0, i] > 0 and cand.weights[i] - cand.weights[i0] <= spare
+                and cand.values[i] > cand.values[i0] and free.fits(*_shape(r.spec, int(cand.cols[0, i]), ns))]
+        for i in sorted(opts, key=lambda i: -cand.values[i]):
+            if tried >= tries:
+                return out
+            tried += 1
+            trial = out.copy()
+            trial[p] = i
+            bad, _, after, _ = _replay(cand, trial, fix=False)
+            if not bad:
+                spare -= int(cand.weights[i] - cand.weights[i0])
+                out, free = trial, after
+                break
+        if spare <= 0:
+            break
+    return out
+
+
 RESOLVE_MAX_CELLS = 1 << 24  # jobs x capacity up to which a capped re-solve is tried (~50 ms of kernel)
 
 
-def solve_placeable(cand, resolves: int | None = None, fills: int = 0) -> np.ndarray:
+def solve_placeable(cand, resolves: int | None = None, fills: int = 0, start_fills: int = 0) -> np.ndarray:
     """The knapsack's choice made placeable: one exact solve, then :func:`make_placeable`. By default
     one capped re-solve where the knapsack is small (``RESOLVE_MAX_CELLS``); on larger ones the repair
     alone (a re-solve costs a full solve, and on the 10,000-job benchmark it kept less value)."""
     _, chosen = mckp(cand.offsets, cand.weights, cand.values, cand.capacity)
-    return make_placeable(cand, chosen, _resolves(cand) if resolves is None else resolves, fills)
+    return make_placeable(cand, chosen, _resolves(cand) if resolves is None else resolves, fills,
+                          start_fills=start_fills)
 
 
 def _resolves(cand) -> int:
     return 1 if cand.dp_jobs.size * (cand.capacity + 1) <= RESOLVE_MAX_CELLS else 0
 
 
-def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, stats: dict | None = None
-                   ) -> np.ndarray:
+def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, stats: dict | None = None,
+                   start_fills: int = 0) -> np.ndarray:
     """Any policy's choice (flat indices, one per knapsack job) made placeable. Where some job does not
     fit: :func:`repair`; and up to ``resolves`` exact re-solves with the jobs that did not fit capped at
     the count they fit at (their larger choices masked, cumulatively), each repaired, the most valuable
-    repaired answer kept; then up to ``fills`` rounds of :func:`_fill` (each kept only when, repaired
+    repaired answer kept; then, with ``start_fills``, :func:`_start_fill` (pending jobs start on the GPUs
+    the repair left idle) and up to ``fills`` rounds of :func:`_fill` (each kept only when, repaired
     again, it is worth more)."""
     if cand.problem.node_capacity is None or not chosen.size:
         return chosen
@@ -334,6 +387,8 @@ def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, 
         if not bad:
             break
     chosen = best
+    if start_fills:
+        chosen = _start_fill(cand, chosen)
     for _ in range(fills):
         spare = int(cand.capacity - cand.weights[chosen].sum())
         if spare <= 0:

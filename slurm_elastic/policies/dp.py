@@ -40,15 +40,21 @@ class DPPolicy(Policy):
     efficiency (``profiles.goodput.efficiency_for_request``). The default was chosen by measurement:
     docs/EVALUATION.md.
 
-    Stability: a rescale must pay for itself ``restart_margin x (1 + backoff x rescales so far)`` times
-    over the new size's expected life (the least of the horizon, the job's remaining time and, with
-    ``tenure``, how long it has held its current size): a job that was just resized, is about to
-    finish or keeps being resized is left as it is unless the gain is large
-    (:func:`~slurm_elastic.policies._candidates._restart_share`). ``round_trip``: a grow also pays the
-    restart back to the job's minimum, where a job whose GPUs are reclaimed goes
-    (:func:`~slurm_elastic.policies._candidates.make_candidates`); off by default: it cuts rescales
-    by 5-10% but costs 2% of average and 11% of p95 JCT (docs/EVALUATION.md section 3). Defaults chosen
-    by measurement.
+    Stability (``realloc="life"``, the default; issue 23): a rescale keeps ``(1 - restart_s / life) x
+    (1 - thrash)`` of the new size's value, ``life`` the job's expected remaining life (the progress rule:
+    the restart is paid back by the faster rate over what the job has left), ``thrash = restart_margin x
+    (1 + backoff x rescales) x restart_s / held`` (``held``: how long it has held its size, with
+    ``tenure``), at most ``thrash_cap``: a job just resized or resized often needs a larger gain, but a
+    gain above ``1 / (1 - thrash_cap)`` always pays, for any restart cost
+    (:func:`~slurm_elastic.policies._candidates._rescale_factor`). ``realloc="share"``: the charge before
+    issue 23 (``restart_margin x (1 + backoff x rescales) x restart_s / min(horizon, remaining, held)``,
+    which no gain could pay once a restart cost 450 s). ``round_trip``: a grow also pays the restart
+    back to its minimum (off). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
+    ``age_credit`` (``completion``): a job ranks as if it had that many seconds less left per second of
+    its age, a bound on what short jobs take from long ones (0, the default: pure SRPT ranks; 4 brings
+    p95 JCT below pollux-dp's but lets old jobs hold short ones back: finish-time fairness p95 69 against
+    6 at 2x load, docs/EVALUATION.md section 3). ``fills``: rounds that give GPUs the placement repair left idle to grows that pay (pending jobs
+    always start on them). Defaults chosen by measurement (docs/EVALUATION.md sections 3 and 5).
     """
 
     name = "dp"
@@ -57,7 +63,9 @@ class DPPolicy(Policy):
 
     def __init__(self, admission: str = "joint", starvation_s: float = 3600.0, objective: str = "completion",
                  placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
-                 backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm"):
+                 backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm",
+                 realloc: str = "life", thrash_cap: float = 0.5, rank_cap: float = float("inf"),
+                 fills: int = 0, age_credit: float = 0.0):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)
@@ -76,6 +84,19 @@ class DPPolicy(Policy):
         self.backoff = float(backoff)
         if not 0 <= self.backoff < float("inf"):
             raise ValueError(f"backoff must be a finite number >= 0, not {backoff!r}")
+        if realloc not in ("life", "share"):
+            raise ValueError(f"realloc must be 'life' or 'share', not {realloc!r}")
+        self.realloc = realloc
+        self.thrash_cap = float(thrash_cap)
+        if not 0 <= self.thrash_cap < 1:
+            raise ValueError(f"thrash_cap must be a number in [0, 1), not {thrash_cap!r}")
+        self.rank_cap = float(rank_cap)
+        if not self.rank_cap >= 1:
+            raise ValueError(f"rank_cap must be a number >= 1, not {rank_cap!r}")
+        self.fills = int(fills)
+        self.age_credit = float(age_credit)
+        if not 0 <= self.age_credit < float("inf"):
+            raise ValueError(f"age_credit must be a finite number >= 0, not {age_credit!r}")
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
@@ -102,7 +123,8 @@ class DPPolicy(Policy):
         return make_candidates(problem, fixed_batch=False, admission=self.admission,
                                starvation_s=self.starvation_s, efficiency=eff, objective=value,
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
-                               round_trip=self.round_trip)
+                               round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
+                               rank_cap=self.rank_cap, age_credit=self.age_credit)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         with gc_paused():
@@ -117,11 +139,12 @@ class DPPolicy(Policy):
             # the objective decided for the whole problem (no fallback per pool), the same stability rule
             joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective, unranked="las",
                              restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
-                             round_trip=self.round_trip)
+                             round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
+                             rank_cap=self.rank_cap, age_credit=self.age_credit)
             return allocate_pools(problem, joint.candidates, admission=self.admission, starvation_s=self.starvation_s,
                                   objective=value, placement=self.placement, name=self.name)
         t0 = time.perf_counter()
         plan = self.candidates(problem)
-        chosen = solve_placeable(plan) if self.placement else mckp(plan.offsets, plan.weights, plan.values,
+        chosen = solve_placeable(plan, fills=self.fills, start_fills=1) if self.placement else mckp(plan.offsets, plan.weights, plan.values,
                                                                     plan.capacity)[1]
         return build_allocation(plan, chosen, self.name, time.perf_counter() - t0)

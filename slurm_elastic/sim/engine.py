@@ -42,6 +42,7 @@ from slurm_elastic.policies.base import Policy
 from slurm_elastic.problem import JobInfo
 from slurm_elastic.profiles import model_for_spec
 from slurm_elastic.profiles.base import ThroughputModel
+from slurm_elastic.sim.checks import CycleChecks
 from slurm_elastic.sim.workloads import WorkloadJob
 from slurm_elastic.spec import ElasticSpec, parse_spec
 
@@ -121,6 +122,7 @@ class SimResult:
     actions: dict[str, int] = field(default_factory=dict)
     planned_gpu_s: float = 0.0  # GPU-seconds the policy allocated (per cycle, until the next)
     placed_gpu_s: float = 0.0  # of those, GPU-seconds the planner could carry out (placement, cooldown)
+    checks: dict = field(default_factory=dict)  # sim.checks: idle GPUs while a job waited, held at a wrong size
 
 
 class Simulation:
@@ -229,6 +231,12 @@ class Simulation:
         held: dict[int, list[float]] = {}  # job -> [stretch start, longest stretch] (held_bound_s runs)
         planned_gpu_s = placed_gpu_s = 0.0
         last_cycle = None
+        checks = CycleChecks()
+
+        def true_life(jid, rate: float) -> float | None:
+            j = backend.jobs.get(jid)
+            return max(0.0, j.total_samples - backend.progress(j)) / rate if j is not None and rate > 0 else None
+
         while True:
             t_arr = arrivals[ai].arrival_s if ai < len(arrivals) else math.inf
             t = min(t_arr, backend.next_event_time(), next_tick)
@@ -281,6 +289,7 @@ class Simulation:
                     planned_gpu_s += last_cycle[1] * dt
                     placed_gpu_s += last_cycle[2] * dt
                 last_cycle = (backend.now, *_planned_placed(res))
+                checks.cycle(res, backend.now, true_life)
                 cycles += 1
                 solve_s += res.allocation.solve_s
                 for r in res.results:
@@ -333,6 +342,7 @@ class Simulation:
             actions=actions,
             planned_gpu_s=planned_gpu_s,
             placed_gpu_s=placed_gpu_s,
+            checks=checks.summary(),
         )
 
 

@@ -46,7 +46,11 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
             ("dp:trusting", "dp with every report trusted as it comes (no trust rule: slurm_elastic.claims)"),
             ("dp:ownusers", "dp, every job its own user (no history: a waiting job's claim never counts)"),
             ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
-             "dp, rescale stability off (restart over min(horizon, remaining))"))
+             "dp, rescale stability off (restart over its expected life, no anti-thrash share)"),
+            ("dp:age_credit=4", "dp, age credit 4 (ranked as if 4 s shorter per second of age: bounds what short "
+                                "jobs take from long ones)"),
+            ("dp:realloc=share", "dp, the old restart charge (margin x (1 + backoff x rescales) x restart / "
+                                 "min(horizon, remaining, held); before issue 23)"))
 
 # When no job reports the work it has left (a user's loop that does not say its dataset size and
 # epochs; a simulator that passes no progress): what `completion` falls back to, at both loads.
@@ -64,18 +68,37 @@ def _policy(spec: str):
     name, _, opts = spec.partition(":")
     kw = {}
     for o in filter(None, opts.split(",")):
-        if o in ("noprogress", "trusting", "ownusers", "freestart"):
+        if o in ("noprogress", "trusting", "ownusers", "freestart") or o.startswith("restart="):
             continue
         k, v = o.split("=")
         kw[k] = v
     return get_policy(name, **kw)
 
 
+# Restart costs per model in the Sia artifact's simulator (seconds of GPU time; ../shared/data/README.md).
+SIA_RESTART_S = {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0, "imagenet": 250.0,
+                 "ncf": 15.0}
+# Section 5: restart costs other than the flat 30 s (workloads/ 1-5), each run as "<policy>:restart=<s|model>".
+RESTARTS = (("dp:restart=10", "dp, 10 s"), ("dp:restart=250", "dp, 250 s"), ("dp:restart=600", "dp, 600 s"),
+            ("dp:restart=model", "dp, per model (Sia: 15-250 s)"),
+            ("dp:restart=model,noprogress", "dp, per model, no job reporting progress"),
+            ("pollux-dp:restart=250", "pollux-dp, 250 s"), ("pollux-dp:restart=model", "pollux-dp, per model"),
+            ("dp:realloc=share,restart=250", "dp with the old charge (before issue 23), 250 s"),
+            ("dp:realloc=share,restart=model", "dp with the old charge (before issue 23), per model"))
+
+
+def _restart_opt(spec: str) -> str | None:
+    return next((o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith("restart=")), None)
+
+
 def goodput_config(spec: str) -> SimConfig:
-    """Pollux's simulator's setting: goodput work model following the traces, 30 s per re-allocation and
-    for the first start too (issue 23: Pollux's simulator charges it; ``:freestart``, the first start free,
-    as this simulator did before)."""
-    return SimConfig(work_model="goodput", checkpoint_s=0.0, restart_s=30.0,
+    """Pollux's simulator's setting: goodput work model following the traces, 30 s per re-allocation (or the
+    spec's ``restart=`` seconds; ``restart=model``: 30 s, each job its model's Sia cost in its spec), and for the
+    first start too (issue 23: Pollux's simulator charges it; ``:freestart``, the first start free, as this
+    simulator did before)."""
+    r = _restart_opt(spec)
+    return SimConfig(work_model="goodput", checkpoint_s=0.0,
+                     restart_s=float(r) if r is not None and r != "model" else 30.0,
                      report_progress="noprogress" not in spec, trust_claims="trusting" not in spec,
                      first_start_charge="freestart" not in spec)
 
@@ -106,6 +129,8 @@ def one_run(task) -> tuple:
     jobs = read_pollux(Path(pollux) / folder / f"workload-{n}.csv")
     if "ownusers" in spec:  # Pollux's traces name no users (all one): the trust rule's worst case instead
         jobs = [replace(w, user=w.name) for w in jobs]
+    if _restart_opt(spec) == "model":
+        jobs = [replace(w, spec=replace(w.spec, restart_s=SIA_RESTART_S[w.spec.profile])) for w in jobs]
     cfg = goodput_config(spec) if kind == "goodput" else SimConfig()
     res = Simulation(jobs, _policy(spec), cfg).run()
     m = summarize(res)
@@ -113,6 +138,7 @@ def one_run(task) -> tuple:
     rho = [o.jct_s / alone[o.name] for o in res.jobs if o.jct_s is not None and alone.get(o.name)]
     m["ftf_p95"] = float(np.percentile(rho, 95)) if rho else None
     m["ftf_max"] = float(np.max(rho)) if rho else None
+    m["longest_jct_s"] = max((o.jct_s for o in res.jobs if o.jct_s is not None), default=None)
     return task[:4], m
 
 
@@ -125,8 +151,10 @@ def tasks(pollux: str) -> list:
     for folder in SETS:
         for p in ("pollux-dp", "tiresias", "static"):
             out += [("goodput", p, folder, n, pollux) for n in range(1, 6)]
+    out += [("goodput", v, "workloads", n, pollux) for v, _ in RESTARTS for n in range(1, 6)]
     out += [("goodput", v, "workloads", n, pollux) for v, _ in VARIANTS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
+    out += [("goodput", "dp:age_credit=4", "workloads-2.0", n, pollux) for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
     return out
 
@@ -221,6 +249,38 @@ def _kept_hetero(path: Path) -> str:
     return ""
 
 
+def _checks(done) -> str:
+    """``sim.checks`` over the runs: cycles with a GPU idle while a fitting job waited / jobs held at a
+    size their measured gain says is wrong for longer than 30 min ("-" for runs cached before the check)."""
+    if not all("idle_wait_cycles" in m for m in done):
+        return "-"
+    return f"{sum(m['idle_wait_cycles'] for m in done)} / {sum(m['held_wrong_jobs'] for m in done)}"
+
+
+def _restarts_section(R) -> str:
+    """Section 5: dp (and the peer) when a rescale costs 10 s to 10 minutes, or each model its own cost."""
+    rows = []
+    for spec, label in (("dp", "dp, 30 s (section 1)"), ("pollux-dp", "pollux-dp, 30 s (section 1)")) + RESTARTS:
+        ms = [R.get(("goodput", spec, "workloads", n)) for n in range(1, 6)]
+        done = [m for m in ms if m]
+        if not done:
+            rows.append([label, "not run"] + [""] * 8)
+            continue
+        longest = [m.get("longest_jct_s") for m in done]
+        rows.append([label, f"{len(done)}/5", h(_mean([m["avg_jct_s"] for m in done])),
+                     h(_mean([m["p95_jct_s"] for m in done])),
+                     h(max(longest)) if all(x is not None for x in longest) else "-",
+                     f"{max(m['ftf_max'] for m in done):.1f}",
+                     f"{_mean([m['rescales_per_job'] for m in done]):.2f}", _checks(done),
+                     f"{max(m.get('held_wrong_max_s', 0.0) for m in done) / 3600:.1f}"
+                     if all("held_wrong_max_s" in m for m in done) else "-"])
+    return ("## 5. Restart costs from 10 s to 10 minutes (workloads/ 1-5, goodput work model)\n\n"
+            + report.markdown_table(["policy, restart cost", "workloads", "avg JCT h", "p95 JCT h", "longest job h",
+                                     "finish-time fairness max", "rescales per job",
+                                     "idle-while-waiting cycles / held at a wrong size", "longest wrong hold h"],
+                                    rows) + RESTARTS_NOTE)
+
+
 def _mean(xs):
     xs = [x for x in xs if x is not None]
     return sum(xs) / len(xs) if xs else None
@@ -292,7 +352,7 @@ def document(R: dict, minutes: float) -> str:
             ms = [R.get(("goodput", p, folder, n)) for n in range(1, 6)]
             done = [m for m in ms if m]
             if not done:
-                rows.append([p, "not run"] + [""] * 10)
+                rows.append([p, "not run"] + [""] * 11)
                 continue
             rows.append([p, f"{len(done)}/5", h(_mean([m["avg_jct_s"] for m in done])),
                          h(_mean([m["median_jct_s"] for m in done])), h(_mean([m["p95_jct_s"] for m in done])),
@@ -301,12 +361,13 @@ def document(R: dict, minutes: float) -> str:
                          f"{_mean([m['rescales_per_job'] for m in done]):.2f}",
                          sum(m["shrunk_soon_after_start"] for m in done), sum(m["reversals"] for m in done),
                          f"{min(m['placed_over_planned'] for m in done):.3f}",
-                         f"{_mean([m['gpu_utilization'] for m in done]):.2f}"])
+                         f"{_mean([m['gpu_utilization'] for m in done]):.2f}", _checks(done)])
         out.append(f"### `{folder}/` (means over the workloads run)\n")
         out.append(report.markdown_table(["policy", "workloads", "avg JCT h", "median JCT h", "p95 JCT h",
                                           "makespan h", "finish-time fairness p95 / max", "rescales per job",
                                           "shrunk within 2 cycles of start", "grow/shrink reversals",
-                                          "placed / planned (min)", "GPU util"], rows))
+                                          "placed / planned (min)", "GPU util",
+                                          "idle-while-waiting cycles / held at a wrong size"], rows))
         out.append("")
     out.append(PEERS_NOTE)
     # objective choice
@@ -330,6 +391,19 @@ def document(R: dict, minutes: float) -> str:
     out.append("\nWhen no job reports its progress, average JCT h (means over workloads 1-5; Pollux's published "
                "means 0.722 / 1.520):\n")
     out.append(_both_loads_table(R, NO_PROGRESS, "fallback"))
+    out.append("Age credit at 2x load (`workloads-2.0/`, means over workloads 1-5; lower is better):\n")
+    rows = []
+    for spec, label in (("dp", "dp (default: pure SRPT ranks)"), ("dp:age_credit=4", "dp, age credit 4"),
+                        ("pollux-dp", "pollux-dp")):
+        ms = [R.get(("goodput", spec, "workloads-2.0", n)) for n in range(1, 6)]
+        if all(ms):
+            rows.append([label, h(_mean([m["avg_jct_s"] for m in ms])), h(_mean([m["p95_jct_s"] for m in ms])),
+                         f"{_mean([m['ftf_p95'] for m in ms]):.1f} / {max(m['ftf_max'] for m in ms):.1f}",
+                         str(sum(1 for m, px in zip(ms, [R.get(("goodput", "pollux-dp", "workloads-2.0", n))
+                                                        for n in range(1, 6)], strict=True)
+                                 if px and m["p95_jct_s"] <= px["p95_jct_s"])) + "/5"])
+    out.append(report.markdown_table(["policy", "avg JCT h", "p95 JCT h", "finish-time fairness p95 / max",
+                                      "p95 at or below pollux-dp"], rows) + "\n")
     out.append("What the trust rule costs honest jobs (docs/ALGORITHM.md, \"Claims and the trust rule\": work left "
                "counts once a job ran 60 s with a verified throughput, or before it ran for a user whose claims "
                "were borne out; noise scale clipped to 10 x max_batch), average JCT h:\n")
@@ -343,6 +417,7 @@ def document(R: dict, minutes: float) -> str:
                     + [h(_mean([m["avg_jct_s"] for m in ms if m])) if any(ms) else "-"])
     out.append(report.markdown_table(["policy", "w1 avg JCT h", "w2", "w3", "w4", "w5", "mean"], rows))
     out.append(SAMPLES_NOTE)
+    out.append(_restarts_section(R))
     out.append(REGEN)
     return "\n".join(out)
 
@@ -393,6 +468,19 @@ def _headline_verdict(R) -> str:
              + (f"; above on {', '.join(over)}." if over else ".")]
     lines.append(f"- Average JCT: dp at or below pollux-dp on {len(both) - len(slower)} of {len(both)} workloads"
                  + (f"; above on {', '.join(slower)}." if slower else "."))
+    tail = [f"{w} ({d['p95_jct_s'] / 3600:.2f} against {px['p95_jct_s'] / 3600:.2f} h)" for w, d, px in both
+            if d["p95_jct_s"] > px["p95_jct_s"]]
+    lines.append(f"- p95 JCT: dp at or below pollux-dp on {len(both) - len(tail)} of {len(both)} workloads"
+                 + (f"; above on {', '.join(tail)}." if tail else "."))
+    idle = [f"{w} ({d['idle_wait_cycles']})" for w, d, _ in both if d.get("idle_wait_cycles")]
+    lines.append("- Cycles with a GPU idle while a pending job that fits waited (`sim/checks.py`): "
+                 + (", ".join(idle) if idle else "none") + ".")
+    for folder in SETS:
+        ms = [R.get(("goodput", "dp:noprogress", folder, n)) for n in range(1, 6)]
+        if all(ms):
+            m, pub = _mean([x["avg_jct_s"] for x in ms]) / 3600, sum(POLLUX_PUBLISHED[folder]) / 5
+            lines.append(f"- No job reporting its remaining work, `{folder}/`: dp averages {m:.3f} h, "
+                         f"{100 * (1 - m / pub):.1f}% below Pollux's published {pub:.3f} h.")
     for folder in SETS:
         pxs = [R.get(("goodput", "pollux-dp", folder, n)) for n in range(1, 6)]
         if all(pxs):
@@ -405,9 +493,13 @@ def _headline_verdict(R) -> str:
 PEERS_NOTE = """
 - `dp`: goodput tables (throughput x efficiency from the job's reported noise scale, else its app's
   measured table, else a conservative efficiency), objective `completion` (below), joint admission,
-  a rescale only when it pays for itself 8 times over its expected life (below), exact knapsack,
-  made placeable on the nodes (replay in the planner's order, one capped re-solve on small problems,
-  repair) (`policies/_placement.py`).
+  a rescale when its gain pays the restart over the job's expected life and an anti-thrash share of
+  at most a half (below; section 5), exact knapsack, made placeable on the nodes (replay in the
+  planner's order, one capped re-solve on small problems, repair, then pending jobs started on GPUs the
+  repair left idle) (`policies/_placement.py`). A running job keeps its batch at its count (the planner
+  makes no batch-only change). "idle-while-waiting cycles / held at a wrong size": `sim/checks.py`
+  (section 5); "-": a run cached before the check existed (tiresias, static, 2x fixed-batch: policies
+  this change does not touch).
 - `pollux-dp`: Pollux's objective -- p-norm (p = -1) of goodput speedups over the fair share, Pollux's
   re-allocation factor (T - S d) / (T + d) (T age, S re-allocations, d restart) -- solved exactly by
   the same DP and placement (not Pollux's genetic algorithm).
@@ -427,10 +519,14 @@ the jobs report their remaining work the ranks would be mostly guesses, and the 
 service; the table after the verdict compares the two). Admission is `joint`:
 a pending job starts when its GPUs are worth more to it than to the running jobs (short jobs first),
 except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
-wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps only
-`1 - 8 x restart_s / life` of the new size's value, `life` the least of the horizon, the time the job
-still needs at its current size and the time it has held its current size (what the last size lasted
-is the best guess of what the next will; a job just resized, or about to finish, stays as it is). The
+wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps
+`(1 - restart_s / life) x (1 - thrash)` of the new size's value, `life` the job's expected remaining
+life, `thrash = 8 x (1 + 0.15 x rescales) x restart_s / held` at most 0.5 (`held`: the time it has held
+its size; section 5). The `old restart charge` row is the rule before issue 23 (`1 - 8 x (1 + 0.15 x
+rescales) x restart_s / min(horizon, remaining, held)`): at 30 s the two are close, at 250 s and more
+they are not (section 5). The `age credit` row ranks a job as if it had 4 s less work left per second
+of its age (a bound on what short jobs take from long ones): lower p95 JCT, but old jobs then hold
+short ones back (finish-time fairness, and the 2x rows below); not the default. The
 `round trip` row charges a grow also that share of the job's value at its minimum (the GPUs a grow
 takes are the ones the next admission reclaims, and a reclaimed job goes back to its minimum, a second
 restart that the grow causes): fewer rescales, for a longer average and p95 JCT, so it is not the
@@ -442,6 +538,23 @@ SAMPLES_NOTE = """
 The paper's model (Saxena et al.): a job needs the same samples at any batch, so the only question is
 throughput; dp here runs its default objective (on goodput tables that know nothing of this model's
 batch indifference). Means over workloads/ 1-5.
+"""
+
+RESTARTS_NOTE = """
+Every rescale costs the given seconds (GPUs held, no progress), or each job its model's cost in the Sia
+artifact's simulator (cifar10 50 s, deepspeech2 25, bert 120, yolov3 80, imagenet 250, ncf 15). The rescale
+rule (`policies/_candidates._rescale_factor`): a new size keeps `(1 - restart_s / life) x (1 - thrash)` of
+its value, `life` the job's expected remaining life at its current size (the work it reports left over
+its rate; when it reports none, as long as it has run, at least the 1 h horizon), `thrash` = `margin x (1 +
+backoff x rescales) x restart_s / held` (the time it has held its size), at most 0.5: any gain above
+`2 / (1 - restart_s / life)` is made at once, whatever the restart cost and the job's history, and a
+smaller gain that the progress rule says pays is made once the size has been held long enough (the
+anti-thrash share decays with it). The old charge (`margin x (1 + backoff x rescales) x restart_s /
+min(horizon, remaining, held)`, clipped to 1) could not be paid by any gain once `restart_s` reached 450 s
+(or after a few rescales at 250 s): its rows show the jobs it left behind. "idle-while-waiting cycles":
+cycles in which, after every action, a GPU was free on which a pending job could start at its minimum
+(`sim/checks.py`); "held at a wrong size": jobs kept for more than 30 min at a size while idle GPUs would,
+by the job's own model, speed it up by more than twice what the restart costs over its true remaining life.
 """
 
 REGEN = """## How to regenerate

@@ -16,6 +16,9 @@
   ``soon_s`` (default 2 scheduling intervals) of their start (an admission at a size the next cycle
   undoes); ``reversals`` counts size changes opposite to the job's previous change (grow then shrink or
   shrink then grow) within ``soon_s`` x 10 of it (oscillation).
+- ``idle_wait_cycles``, ``held_wrong_jobs``, ``held_wrong_max_s``: :mod:`slurm_elastic.sim.checks`
+  (cycles with a GPU idle while a pending job that fits waited; jobs held at a size their measured gain
+  says is wrong for longer than its bound).
 """
 
 from __future__ import annotations
@@ -81,4 +84,5 @@ def summarize(res: SimResult) -> dict:
         "shrunk_soon_after_start": shrunk_soon,
         "reversals": reversals,
         "placed_over_planned": (res.placed_gpu_s / res.planned_gpu_s) if res.planned_gpu_s > 0 else 1.0,
+        **res.checks,
     }

@@ -208,15 +208,20 @@ def brute_policy(problem, starvation_s=3600.0, admission="priority", margin=None
                 continue
             v = r.weight * opts[j][k][0] / refs[j]
             if r.is_running:
-                f = 1 - min(1.0, margin * r.restart_s / problem.horizon_s)
+                # the default rule (realloc="life"): the restart over the job's expected life (no work
+                # reported, nothing attained: the horizon), times the anti-thrash share, capped at 0.5
+                # (held unknown: the horizon)
+                life = problem.horizon_s
+                f = (1 - r.restart_s / life if life > r.restart_s else 0.0) * \
+                    (1 - min(0.5, margin * r.restart_s / problem.horizon_s))
                 if k != r.running_gpus:
                     v *= f
                     if round_trip and k > r.running_gpus:  # and the way back to its minimum (speedup 1)
                         v = max(0.0, v - r.weight * (1 - f) * opts[j][min(opts[j])][0] / refs[j])
-                else:
+                else:  # at its running count it keeps its batch (the planner makes no batch-only change)
                     local, acc = r.spec.split_batch(k, r.running_batch)
                     keep = r.model.samples_per_s(k, r.spec.placement(k, ns)[0], local, acc)
-                    v = max(r.weight * keep / refs[j], v * (1.0 if opts[j][k][1] == r.running_batch else f))
+                    v = r.weight * keep / refs[j]
             total += v
         best = max(best, total)
     return best, admitted
