@@ -271,8 +271,10 @@ def test_dp_joint_admission_equals_brute_force(problem):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_jobs=5))
 def test_baselines_are_feasible_and_not_better_than_dp(problem):
-    # fixed-batch weighs a restart as dp does with restart_margin 1: compare like with like
-    dp = get_policy("dp", objective="throughput", restart_margin=1.0, admission="priority").allocate(problem)
+    # fixed-batch weighs a restart as dp did before issue 23 (realloc="share") with restart_margin 1: compare
+    # like with like (dp's default charge, realloc="life", values a forced shrink differently)
+    dp = get_policy("dp", objective="throughput", restart_margin=1.0, admission="priority",
+                    realloc="share").allocate(problem)
     for name in ("fixed-batch", "static"):
         alloc = get_policy(name).allocate(problem)
         check_feasible(problem, alloc)
