@@ -97,6 +97,27 @@ def _interp(x, xp, fp):
     return y
 
 
+def curves_from_rows(rows) -> dict[tuple[int, int], _Curve]:
+    """(nodes, gpus) -> the interpolated step-time curve over local batch: the uniform placement where it was
+    measured, else the mean over the placements with that node and GPU count (the module docstring's rules;
+    Pollux's tables and Sia's per-type tables are read the same way)."""
+    groups: dict[tuple[int, int], dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for p, n, k, lb, st, sy in rows:
+        groups[(n, k)][p].append((lb, st, sy))
+    curves: dict[tuple[int, int], _Curve] = {}
+    for (n, k), by_placement in groups.items():
+        uniform = str(k // n) * n if k % n == 0 else None
+        chosen = [by_placement[uniform]] if uniform in by_placement else list(by_placement.values())
+        acc: dict[float, list[tuple[float, float]]] = defaultdict(list)
+        for pts in chosen:
+            for lb, st, sy in pts:
+                acc[lb].append((st, sy))
+        lbs = sorted(acc)
+        curves[(n, k)] = _Curve(lbs, [np.mean([v[0] for v in acc[x]]) for x in lbs],
+                                [np.mean([v[1] for v in acc[x]]) for x in lbs])
+    return curves
+
+
 class PolluxModel(ThroughputModel):
     """Interpolated Pollux table for one app (see the module docstring for the rules)."""
 
@@ -106,21 +127,7 @@ class PolluxModel(ThroughputModel):
         self.name = app
         self.max_gpus = POLLUX_RANGES[app]["max_gpus"]
         self.source = "Pollux OSDI'21 artifact (petuum/adaptdl@c793c70), Apache-2.0"
-        groups: dict[tuple[int, int], dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        for p, n, k, lb, st, sy in rows:
-            groups[(n, k)][p].append((lb, st, sy))
-        self.curves: dict[tuple[int, int], _Curve] = {}
-        for (n, k), by_placement in groups.items():
-            uniform = str(k // n) * n if k % n == 0 else None
-            chosen = [by_placement[uniform]] if uniform in by_placement else list(by_placement.values())
-            acc: dict[float, list[tuple[float, float]]] = defaultdict(list)
-            for pts in chosen:
-                for lb, st, sy in pts:
-                    acc[lb].append((st, sy))
-            lbs = sorted(acc)
-            self.curves[(n, k)] = _Curve(
-                lbs, [np.mean([v[0] for v in acc[x]]) for x in lbs], [np.mean([v[1] for v in acc[x]]) for x in lbs]
-            )
+        self.curves = curves_from_rows(rows)
         self.fallback = ParametricModel.fit(pollux_observations(app), name=f"{app}-fit")
 
     def __repr__(self) -> str:

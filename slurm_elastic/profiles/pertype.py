@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import defaultdict
 from functools import cache
 from importlib import resources
 
 import numpy as np
 
 from slurm_elastic.profiles.base import ThroughputModel
-from slurm_elastic.profiles.measured import POLLUX_APPS, POLLUX_RANGES, _Curve
+from slurm_elastic.profiles.measured import POLLUX_APPS, POLLUX_RANGES, PolluxModel, curves_from_rows
 from slurm_elastic.profiles.parametric import Observation, ParametricModel
 
 # GPU types packaged (the artifact's heterogeneous cluster) and what they are.
@@ -56,8 +55,9 @@ def _rows(app: str, gpu_type: str) -> list[tuple[str, int, int, float, float, fl
     return [row for row in out if row[4] > 0 and np.isfinite(row[4]) and np.isfinite(row[5])]
 
 
-class SiaModel(ThroughputModel):
-    """One app on one GPU type, interpolated as the Pollux tables are (module docstring)."""
+class SiaModel(PolluxModel):
+    """One app on one GPU type, interpolated as the Pollux tables are (module docstring): a PolluxModel
+    built from Sia's rows, so its curves, fallback and step times are read the same way."""
 
     def __init__(self, app: str, gpu_type: str):
         rows = _rows(app, gpu_type)
@@ -65,35 +65,12 @@ class SiaModel(ThroughputModel):
         self.name = f"sia.{gpu_type}.{app}"
         self.max_gpus = POLLUX_RANGES[app]["max_gpus"]
         self.source = "Sia SOSP'23 artifact (siasosp23/artifacts@aaf7a0d), measured per GPU type"
-        groups: dict[tuple[int, int], dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        for p, n, k, lb, st, sy in rows:
-            groups[(n, k)][p].append((lb, st, sy))
-        self.curves: dict[tuple[int, int], _Curve] = {}
-        for (n, k), by_placement in groups.items():
-            uniform = str(k // n) * n if k % n == 0 else None
-            chosen = [by_placement[uniform]] if uniform in by_placement else list(by_placement.values())
-            acc: dict[float, list[tuple[float, float]]] = defaultdict(list)
-            for pts in chosen:
-                for lb, st, sy in pts:
-                    acc[lb].append((st, sy))
-            lbs = sorted(acc)
-            self.curves[(n, k)] = _Curve(lbs, [np.mean([v[0] for v in acc[x]]) for x in lbs],
-                                         [np.mean([v[1] for v in acc[x]]) for x in lbs])
+        self.curves = curves_from_rows(rows)
         self.fallback = ParametricModel.fit([Observation(k, n, lb, 1, k * lb / st) for _, n, k, lb, st, _ in rows],
                                             name=f"{self.name}-fit")
 
     def __repr__(self) -> str:
         return f"SiaModel({self.app!r}, {self.gpu_type!r})"
-
-    def step_times(self, gpus, nodes, local_batch):
-        curve = self.curves.get((nodes, gpus))
-        if curve is None:
-            return self.fallback.step_times(gpus, nodes, local_batch)
-        return curve(np.asarray(local_batch, dtype=np.float64))
-
-    def step_time(self, gpus: int, nodes: int, local_batch: int) -> tuple[float, float]:
-        st, sy = self.step_times(gpus, nodes, np.array([local_batch], dtype=np.float64))
-        return float(st[0]), float(sy[0])
 
 
 @cache
