@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from slurm_elastic.policies import get_policy
+from slurm_elastic.profiles.pertype import SIA_RESTART_S
 from slurm_elastic.sim import report
 from slurm_elastic.sim.engine import SimConfig, Simulation
 from slurm_elastic.sim.metrics import summarize
@@ -75,9 +76,8 @@ def _policy(spec: str):
     return get_policy(name, **kw)
 
 
-# Restart costs per model in the Sia artifact's simulator (seconds of GPU time; ../shared/data/README.md).
-SIA_RESTART_S = {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0, "imagenet": 250.0,
-                 "ncf": 15.0}
+# Restart costs per model in the Sia artifact's simulator: profiles.pertype.SIA_RESTART_S (one table for both
+# evaluations).
 # Section 5: restart costs other than the flat 30 s (workloads/ 1-5), each run as "<policy>:restart=<s|model>".
 RESTARTS = (("dp:restart=10", "dp, 10 s"), ("dp:restart=250", "dp, 250 s"), ("dp:restart=600", "dp, 600 s"),
             ("dp:restart=model", "dp, per model (Sia: 15-250 s)"),
