@@ -19,8 +19,10 @@ Job scripts for a versioned cluster must lie where its daemons see them: use ``v
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +31,36 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+_T0 = time.time()
+RELIABILITY: dict[str, list[dict]] = {}  # nodeid -> its RELIABILITY rows as last reported (tests/faults)
+
+
+def pytest_runtest_logreport(report):
+    """Collect the fault suite's rows from the reports (in the pytest-xdist controller too)."""
+    for key, rows in report.user_properties:
+        if key == "reliability_rows":
+            RELIABILITY[report.nodeid] = rows
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Write the RELIABILITY rows (JSON, and the markdown table where SLURM_ELASTIC_RELIABILITY_DOC asks)."""
+    if hasattr(session.config, "workerinput") or not RELIABILITY:
+        return  # a pytest-xdist worker's rows went to the controller with its reports
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from tests.faults.reliability import render
+
+    rows = [row for rows in RELIABILITY.values() for row in rows]
+    wall = time.time() - _T0
+    out = Path(os.environ.get("SLURM_ELASTIC_RELIABILITY_JSON",
+                              Path(tempfile.gettempdir()) / "slurm-elastic-reliability.json"))
+    try:
+        out.write_text(json.dumps({"wall_s": wall, "rows": rows}, indent=2))
+    except OSError:
+        pass
+    doc = os.environ.get("SLURM_ELASTIC_RELIABILITY_DOC")
+    if doc:
+        Path(doc).write_text(render(rows, wall))
 
 
 def slurm_unavailable_reason() -> str | None:
