@@ -63,6 +63,53 @@ def pytest_sessionfinish(session, exitstatus):
         Path(doc).write_text(render(rows, wall))
 
 
+def free_ports(count: int, start: int) -> int:
+    """``cluster.find_free_port_block`` made safe between the processes of one test run (pytest-xdist
+    workers): a block handed out is recorded with this pid until the process ends, and no other process
+    gets it, even before its daemons bind it. Tests pick ports for clusters and daemons with this."""
+    import fcntl
+
+    from slurm_elastic.cluster import ClusterError, port_free
+
+    d = Path(tempfile.gettempdir()) / f"slurm-elastic-test-ports-{os.getuid()}"
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"{d} is not a private directory of uid {os.getuid()}")
+    with open(d / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = d / "reserved.json"
+        try:
+            taken = {int(p): int(pid) for p, pid in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            taken = {}
+        taken = {p: pid for p, pid in taken.items() if _pid_running(pid)}
+        port = start
+        while port + count < 40000:
+            block = range(port, port + count)
+            if not any(p in taken for p in block) and all(port_free(p) for p in block):
+                taken.update({p: os.getpid() for p in block})
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(taken))
+                tmp.replace(path)
+                return port
+            port += count
+    raise ClusterError(f"no block of {count} free ports from {start}")
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def slurm_unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "the local Slurm cluster needs root"
@@ -88,13 +135,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A running LocalCluster: 4 nodes x 4 GPUs, cred_expire 10 s. Yields the cluster object."""
-    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster
 
     reason = slurm_unavailable_reason()
     if reason:
         pytest.fail(reason) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(reason)
     state = Path(tempfile.mkdtemp(prefix="se-cluster-"))
-    port = find_free_port_block(8, start=21000)
+    port = free_ports(8, start=21000)
     cluster = LocalCluster(state, ClusterConfig(nodes=4, gpus_per_node=4, ctld_port=port, cred_expire=10))
     cluster.up()
     try:
@@ -145,7 +192,7 @@ def versioned_cluster(request):
         yield request.getfixturevalue("slurm_cluster")
         return
     from slurm_elastic.chroot import ChrootRoot
-    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster
 
     require = os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1"
     if os.geteuid() != 0:
@@ -161,7 +208,7 @@ def versioned_cluster(request):
     base = root.path / "srv" / "slurm-elastic"
     base.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="se-test-", dir=base))  # inside the root: the daemons see it
-    port = find_free_port_block(8, start=22000)
+    port = free_ports(8, start=22000)
     cluster = LocalCluster(state, ClusterConfig(nodes=4, gpus_per_node=4, ctld_port=port, cred_expire=10,
                                                 release=request.param))
     t0 = time.monotonic()
@@ -187,7 +234,7 @@ def pools_cluster(request):
     partition v100 with 2 nodes x v100:8 (MaxTime 2 h, MaxNodes 2), typed fake GPUs, node features = the
     type (cluster.TWO_POOLS). Started once, only by the tests that ask for it."""
     from slurm_elastic.chroot import ChrootRoot
-    from slurm_elastic.cluster import TWO_POOLS, ClusterConfig, LocalCluster, find_free_port_block
+    from slurm_elastic.cluster import TWO_POOLS, ClusterConfig, LocalCluster
 
     reason = slurm_unavailable_reason()
     require = os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1"
@@ -204,7 +251,7 @@ def pools_cluster(request):
         base = root.path / "srv" / "slurm-elastic"
         base.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="se-pools-", dir=base))
-    port = find_free_port_block(6, start=26000)
+    port = free_ports(6, start=26000)
     cluster = LocalCluster(state, ClusterConfig(pools=[dict(p) for p in TWO_POOLS], ctld_port=port, cred_expire=10,
                                                 release=release))
     t0 = time.monotonic()

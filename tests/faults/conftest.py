@@ -79,8 +79,8 @@ def lua_cluster(request):
     import subprocess as sp
 
     from slurm_elastic.chroot import ChrootRoot
-    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
-    from tests.conftest import slurm_unavailable_reason
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster
+    from tests.conftest import free_ports, slurm_unavailable_reason
 
     require = os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1"
     reason = slurm_unavailable_reason()
@@ -100,7 +100,7 @@ def lua_cluster(request):
     state = Path(tempfile.mkdtemp(prefix="se-faults-lua-", dir=base))
     os.chmod(state, 0o755)  # other users must read slurm.conf and reach the munge socket
     cfg = ClusterConfig(nodes=3, gpus_per_node=4, job_submit_lua=str(PLUGIN), cred_expire=10,
-                        ctld_port=find_free_port_block(6, start=27500 if release is None else 27600),
+                        ctld_port=free_ports(6, start=27500 if release is None else 27600),
                         release=release)
     cluster = LocalCluster(state, cfg)
     # Two partitions: write_config adds "PartitionName=gpu Nodes=ALL"; narrow it and add "other".

@@ -31,12 +31,13 @@ PROFILES = ["cifar10", "bert", "imagenet", "deepspeech2", "yolov3"]
 
 @pytest.fixture(scope="module")
 def load_cluster():
-    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster
+    from tests.conftest import free_ports
 
     state = Path(tempfile.mkdtemp(prefix="se-faults-load-"))
     os.chmod(state, 0o755)
     c = LocalCluster(state, ClusterConfig(nodes=NODES, gpus_per_node=GPN, cpus_per_node=64, memory_mb=64000,
-                                          ctld_port=find_free_port_block(NODES + 2, start=28500), cred_expire=10,
+                                          ctld_port=free_ports(NODES + 2, start=28500), cred_expire=10,
                                           extra_conf=["MaxJobCount=20000"]))
     c.up()
     try:
