@@ -119,7 +119,42 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
+# The session clusters a test may use, by fixture name; a test's cluster is "<kind>-<version>".
+CLUSTER_KINDS = {"slurm_cluster": "cluster", "versioned_cluster": "cluster", "pools_cluster": "pools",
+                 "lua_cluster": "lua"}
+
+
+def cluster_groups(items) -> dict[str, str]:
+    """{nodeid: group} for the tests that use a session cluster. Under pytest-xdist (``--dist loadgroup``)
+    a group runs in one worker, so each cluster starts once per run; a test that uses two clusters joins
+    their groups. The host's plain cluster is not grouped: its tests are most of the live time, so they
+    spread over the workers, each starting its own (about 5 s)."""
+    parent: dict[str, str] = {}
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    used = {}
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        keys = {f"{kind}-{params.get(name, 'host')}" for name, kind in CLUSTER_KINDS.items()
+                if name in getattr(item, "fixturenames", ())} - {"cluster-host"}
+        if keys:
+            used[item.nodeid] = keys
+            first, *rest = sorted(keys)
+            for k in rest:
+                parent[find(k)] = find(first)
+    return {nodeid: find(min(keys)) for nodeid, keys in used.items()}
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        groups = cluster_groups(items)
+        for item in items:
+            if item.nodeid in groups:
+                item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     reason = slurm_unavailable_reason()
     if reason is None:
         return
