@@ -20,7 +20,7 @@ import pytest
 if str(Path(__file__).resolve().parents[2]) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.faults.reliability import ROWS, Reliability  # noqa: E402
+from tests.faults.reliability import ROWS, Reliability, test_id  # noqa: E402
 
 
 @pytest.fixture
@@ -44,7 +44,8 @@ def pytest_runtest_makereport(item, call):
     if mine:
         # The rows travel with the report: under pytest-xdist the table is written by the controller,
         # which sees every worker's reports but none of their ROWS.
-        rep.user_properties.append(("reliability_rows", [dict(row, figures=dict(row["figures"])) for row in mine]))
+        rep.user_properties.append(("reliability_rows", [dict(row, test=test_id(row["test"]), figures=dict(row["figures"]))
+                                                         for row in mine]))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -32,6 +32,11 @@ class Reliability:
 
 
 
+def test_id(nodeid: str) -> str:
+    """The test's id without the ``@group`` that pytest-xdist's loadgroup appends."""
+    return nodeid[: nodeid.rindex("@")] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
 def _cell(v) -> str:
     if v is None or v == "":
         return "-"
@@ -106,7 +111,7 @@ def render(rows: list[dict], wall_s: float) -> str:
         "Not covered here: a training task SIGKILLed in the middle of writing its checkpoint is tested without",
         "Slurm in `tests/integration/test_train_ddp.py::test_sigkill_during_checkpoint_write_keeps_previous_and_resumes_from_it`.",
         "",
-        "Tests: " + ", ".join(f"`{r['test']}`" for r in ran),
+        "Tests: " + ", ".join(f"`{test_id(r['test'])}`" for r in ran),
         "",
     ]
     return "\n".join(lines)
