@@ -13,8 +13,10 @@ setup:
 demo: setup
 	bash scripts/demo.sh
 
+# Two test processes (pytest-xdist; the live tests mostly wait on Slurm), each chroot/plugin/pools cluster's
+# tests in one of them (tests/conftest.py), and the 10 slowest tests listed at the end.
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup --durations=10
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest -q tests/unit
