@@ -359,13 +359,14 @@ def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs, history
         click.echo(f"status: no daemon state in {state_dir} (from {source}); SAMPLES/S, EFFICIENCY and "
                    "LAST-CHANGE are unknown. Give --config/SLURM_ELASTIC_CONFIG or --state-dir.", err=True)
     views = load_daemon_views(state_dir)
-    rows = [merge_daemon_view(job_row(j), views.get(j.job_id)) for j in jobs]
+    # An ended job's view is the daemon's last cycle with it running (its reason, e.g. 'kept: ...', is stale).
+    rows = [merge_daemon_view(job_row(j), views.get(j.job_id) if j.state in ACTIVE_STATES else None) for j in jobs]
     if history:
         decisions, ended = _read_history(state_dir)
         events = last_events(decisions)
         for r in rows:  # Slurm's own finished records: the reason is what last happened to the job
-            if r["state"] not in ACTIVE_STATES and not r["reason"] and r["jobid"] in events:
-                r["reason"] = events[r["jobid"]]
+            if r["state"] not in ACTIVE_STATES and r["jobid"] in events:
+                r["reason"] = "; ".join(x for x in (r["reason"], events[r["jobid"]]) if x)
         rows += history_rows(state_dir, {j.job_id for j in jobs}, decisions, ended)
     rows = select(rows, set(_csv(users)), ids, set(_csv(partitions)), all_jobs)
     rows.sort(key=lambda r: r["jobid"])

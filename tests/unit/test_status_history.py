@@ -91,3 +91,32 @@ def test_the_daemon_records_name_user_and_final_state(tmp_path):
     (row,) = history_rows(str(tmp_path), set(sim.active))
     assert (row["jobid"], row["name"], row["st"]) == (short, "short-one", "CD")
     assert row["reason"].startswith("last: "), row
+
+
+def test_an_ended_job_slurm_still_lists_shows_its_last_event_not_the_stale_view(tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    import slurm_elastic.backends.cli as cli_backend
+    from slurm_elastic.commands.status import status
+
+    db = StateDB(tmp_path)
+    db.log_decision(1, 21, "start", "done", gpus_from=0, gpus_to=2, batch=64)
+    db.log_decision(2, 21, "measure", "restart-cost", message="restart 1: 3.0 s")
+    db.save_job_views([{"job_id": 21, "reason": "kept: gain below restart cost", "name": "a"},
+                       {"job_id": 22, "reason": "kept: gain below restart cost", "name": "b"}])
+    db.close()
+    jobs = [JobRecord(job_id=21, name="a", user="ann", partition="gpu", state="COMPLETED", comment=SPEC),
+            JobRecord(job_id=22, name="b", user="ann", partition="gpu", state="RUNNING", comment=SPEC)]
+
+    class Slurm:
+        def list_jobs(self, include_finished=False):
+            return [j for j in jobs if include_finished or j.state == "RUNNING"]
+
+    monkeypatch.setattr(cli_backend, "CliBackend", Slurm)
+    out = CliRunner().invoke(status, ["--history", "--json", "--state-dir", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    rows = {r["jobid"]: r for r in json.loads(out.output)["jobs"]}
+    assert (rows[21]["st"], rows[21]["reason"]) == ("CD", "last: start 0->2 GPUs, batch 64: done"), rows[21]
+    assert rows[22]["reason"] == "kept: gain below restart cost"  # a running job keeps the daemon's view
