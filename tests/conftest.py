@@ -128,7 +128,9 @@ def cluster_groups(items) -> dict[str, str]:
     """{nodeid: group} for the tests that use a session cluster. Under pytest-xdist (``--dist loadgroup``)
     a group runs in one worker, so each cluster starts once per run; a test that uses two clusters joins
     their groups. The host's plain cluster is not grouped: its tests are most of the live time, so they
-    spread over the workers, each starting its own (about 5 s)."""
+    spread over the workers, each starting its own (about 2 s). The plugin cluster's tests of every version
+    are one group: they useradd the same users per module for each version, and a worker that removes them
+    while another runs the other version's case breaks it (seen: a job of a deleted user is a bad spec)."""
     parent: dict[str, str] = {}
 
     def find(k: str) -> str:
@@ -139,7 +141,7 @@ def cluster_groups(items) -> dict[str, str]:
     used = {}
     for item in items:
         params = item.callspec.params if hasattr(item, "callspec") else {}
-        keys = {f"{kind}-{params.get(name, 'host')}" for name, kind in CLUSTER_KINDS.items()
+        keys = {kind if kind == "lua" else f"{kind}-{params.get(name, 'host')}" for name, kind in CLUSTER_KINDS.items()
                 if name in getattr(item, "fixturenames", ())} - {"cluster-host"}
         if keys:
             used[item.nodeid] = keys
