@@ -15,6 +15,12 @@ runs it); when it is missing the chroot cases are skipped, except under
 take it: two partitions with typed fake GPUs and two node sizes (a100: 2 x a100:4, v100: 2 x v100:8).
 Job scripts for a versioned cluster must lie where its daemons see them: use ``versioned_job_dir``
 (or ``cluster.job_dir()``), and run Slurm tools with ``cluster.tool(...)``/``cluster.run_tool(...)``.
+
+``make test`` runs the suite in two pytest-xdist processes (``-n 2 --dist loadgroup``); each process
+has its own session clusters. So: pick ports for a cluster or a daemon with ``free_ports`` (reserved per
+process; ``cluster.find_free_port_block`` alone can hand two processes the same block), and a test that
+uses a cluster other than the host's plain one is kept in one process with that cluster's other tests
+(``cluster_groups``). The fault suite's RELIABILITY rows travel with the reports to the controller.
 """
 
 from __future__ import annotations
