@@ -20,8 +20,10 @@ setup: setup-all
 demo: setup-demo
 	bash scripts/demo.sh
 
+# Two test processes (pytest-xdist; the live tests mostly wait on Slurm), each chroot/plugin/pools cluster's
+# tests in one of them (tests/conftest.py), and the 10 slowest tests listed at the end.
 test: setup-all
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup --durations=10
 
 test-unit: setup-all
 	$(VENV)/bin/python -m pytest -q tests/unit

@@ -15,12 +15,20 @@ runs it); when it is missing the chroot cases are skipped, except under
 take it: two partitions with typed fake GPUs and two node sizes (a100: 2 x a100:4, v100: 2 x v100:8).
 Job scripts for a versioned cluster must lie where its daemons see them: use ``versioned_job_dir``
 (or ``cluster.job_dir()``), and run Slurm tools with ``cluster.tool(...)``/``cluster.run_tool(...)``.
+
+``make test`` runs the suite in two pytest-xdist processes (``-n 2 --dist loadgroup``); each process
+has its own session clusters. So: pick ports for a cluster or a daemon with ``free_ports`` (reserved per
+process; ``cluster.find_free_port_block`` alone can hand two processes the same block), and a test that
+uses a cluster other than the host's plain one is kept in one process with that cluster's other tests
+(``cluster_groups``). The fault suite's RELIABILITY rows travel with the reports to the controller.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +37,83 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
+_T0 = time.time()
+RELIABILITY: dict[str, list[dict]] = {}  # nodeid -> its RELIABILITY rows as last reported (tests/faults)
+
+
+def pytest_runtest_logreport(report):
+    """Collect the fault suite's rows from the reports (in the pytest-xdist controller too)."""
+    for key, rows in report.user_properties:
+        if key == "reliability_rows":
+            RELIABILITY[report.nodeid] = rows
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Write the RELIABILITY rows (JSON, and the markdown table where SLURM_ELASTIC_RELIABILITY_DOC asks)."""
+    if hasattr(session.config, "workerinput") or not RELIABILITY:
+        return  # a pytest-xdist worker's rows went to the controller with its reports
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from tests.faults.reliability import render
+
+    rows = [row for rows in RELIABILITY.values() for row in rows]
+    wall = time.time() - _T0
+    out = Path(os.environ.get("SLURM_ELASTIC_RELIABILITY_JSON",
+                              Path(tempfile.gettempdir()) / "slurm-elastic-reliability.json"))
+    try:
+        out.write_text(json.dumps({"wall_s": wall, "rows": rows}, indent=2))
+    except OSError:
+        pass
+    doc = os.environ.get("SLURM_ELASTIC_RELIABILITY_DOC")
+    if doc:
+        Path(doc).write_text(render(rows, wall))
+
+
+def free_ports(count: int, start: int) -> int:
+    """``cluster.find_free_port_block`` made safe between the processes of one test run (pytest-xdist
+    workers): a block handed out is recorded with this pid until the process ends, and no other process
+    gets it, even before its daemons bind it. Tests pick ports for clusters and daemons with this."""
+    import fcntl
+
+    from slurm_elastic.cluster import ClusterError, port_free
+
+    d = Path(tempfile.gettempdir()) / f"slurm-elastic-test-ports-{os.getuid()}"
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"{d} is not a private directory of uid {os.getuid()}")
+    with open(d / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = d / "reserved.json"
+        try:
+            taken = {int(p): int(pid) for p, pid in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            taken = {}
+        taken = {p: pid for p, pid in taken.items() if _pid_running(pid)}
+        port = start
+        while port + count < 40000:
+            block = range(port, port + count)
+            if not any(p in taken for p in block) and all(port_free(p) for p in block):
+                taken.update({p: os.getpid() for p in block})
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(taken))
+                tmp.replace(path)
+                return port
+            port += count
+    raise ClusterError(f"no block of {count} free ports from {start}")
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def slurm_unavailable_reason() -> str | None:
@@ -40,7 +125,44 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
+# The session clusters a test may use, by fixture name; a test's cluster is "<kind>-<version>".
+CLUSTER_KINDS = {"slurm_cluster": "cluster", "versioned_cluster": "cluster", "pools_cluster": "pools",
+                 "lua_cluster": "lua"}
+
+
+def cluster_groups(items) -> dict[str, str]:
+    """{nodeid: group} for the tests that use a session cluster. Under pytest-xdist (``--dist loadgroup``)
+    a group runs in one worker, so each cluster starts once per run; a test that uses two clusters joins
+    their groups. The host's plain cluster is not grouped: its tests are most of the live time, so they
+    spread over the workers, each starting its own (about 2 s). The plugin cluster's tests of every version
+    are one group: they useradd the same users per module for each version, and a worker that removes them
+    while another runs the other version's case breaks it (seen: a job of a deleted user is a bad spec)."""
+    parent: dict[str, str] = {}
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    used = {}
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        keys = {kind if kind == "lua" else f"{kind}-{params.get(name, 'host')}" for name, kind in CLUSTER_KINDS.items()
+                if name in getattr(item, "fixturenames", ())} - {"cluster-host"}
+        if keys:
+            used[item.nodeid] = keys
+            first, *rest = sorted(keys)
+            for k in rest:
+                parent[find(k)] = find(first)
+    return {nodeid: find(min(keys)) for nodeid, keys in used.items()}
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        groups = cluster_groups(items)
+        for item in items:
+            if item.nodeid in groups:
+                item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     reason = slurm_unavailable_reason()
     if reason is None:
         return
@@ -56,13 +178,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A running LocalCluster: 4 nodes x 4 GPUs, cred_expire 10 s. Yields the cluster object."""
-    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster
 
     reason = slurm_unavailable_reason()
     if reason:
         pytest.fail(reason) if os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1" else pytest.skip(reason)
     state = Path(tempfile.mkdtemp(prefix="se-cluster-"))
-    port = find_free_port_block(8, start=21000)
+    port = free_ports(8, start=21000)
     cluster = LocalCluster(state, ClusterConfig(nodes=4, gpus_per_node=4, ctld_port=port, cred_expire=10))
     cluster.up()
     try:
@@ -113,7 +235,7 @@ def versioned_cluster(request):
         yield request.getfixturevalue("slurm_cluster")
         return
     from slurm_elastic.chroot import ChrootRoot
-    from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+    from slurm_elastic.cluster import ClusterConfig, LocalCluster
 
     require = os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1"
     if os.geteuid() != 0:
@@ -129,7 +251,7 @@ def versioned_cluster(request):
     base = root.path / "srv" / "slurm-elastic"
     base.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="se-test-", dir=base))  # inside the root: the daemons see it
-    port = find_free_port_block(8, start=22000)
+    port = free_ports(8, start=22000)
     cluster = LocalCluster(state, ClusterConfig(nodes=4, gpus_per_node=4, ctld_port=port, cred_expire=10,
                                                 release=request.param))
     t0 = time.monotonic()
@@ -155,7 +277,7 @@ def pools_cluster(request):
     partition v100 with 2 nodes x v100:8 (MaxTime 2 h, MaxNodes 2), typed fake GPUs, node features = the
     type (cluster.TWO_POOLS). Started once, only by the tests that ask for it."""
     from slurm_elastic.chroot import ChrootRoot
-    from slurm_elastic.cluster import TWO_POOLS, ClusterConfig, LocalCluster, find_free_port_block
+    from slurm_elastic.cluster import TWO_POOLS, ClusterConfig, LocalCluster
 
     reason = slurm_unavailable_reason()
     require = os.environ.get("SLURM_ELASTIC_REQUIRE_SLURM") == "1"
@@ -172,7 +294,7 @@ def pools_cluster(request):
         base = root.path / "srv" / "slurm-elastic"
         base.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="se-pools-", dir=base))
-    port = find_free_port_block(6, start=26000)
+    port = free_ports(6, start=26000)
     cluster = LocalCluster(state, ClusterConfig(pools=[dict(p) for p in TWO_POOLS], ctld_port=port, cred_expire=10,
                                                 release=release))
     t0 = time.monotonic()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from slurm_elastic.backends.base import JobRecord, SlurmError
+from slurm_elastic.backends.base import ACTIVE_STATES, JobRecord, SlurmError
 from slurm_elastic.spec import SpecError, is_elastic_comment, parse_decision, parse_spec
 
 # squeue's compact state codes (%t).
@@ -130,40 +130,74 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
     return row
 
 
-def history_rows(state_dir: str | None, active: set[int]) -> list[dict]:
-    """Jobs the daemon's decision log has but Slurm no longer lists: their last decided size and batch."""
+# The decision-log actions a user sees; the daemon also logs its own measurements there ("measure").
+USER_EVENTS = ("start", "resize", "preempt", "hold", "requeue-failed")
+
+
+def event_text(d: dict) -> str:
+    """One decision-log row in words: ``resize 2->4 GPUs, batch 128: done (message)``."""
+    what = d["action"]
+    if d.get("gpus_to") is not None:
+        what += f" {d['gpus_from']}->{d['gpus_to']} GPUs" if d.get("gpus_from") is not None else f" {d['gpus_to']} GPUs"
+    if d.get("batch") is not None:
+        what += f", batch {d['batch']}"
+    return f"{what}: {d['status']}" + (f" ({d['message']})" if d.get("message") else "")
+
+
+def _read_history(state_dir: str | None) -> tuple[list[dict], dict[int, dict]]:
+    """(the decision log, the ended table) of the daemon's state DB; empty where there is none."""
     from slurm_elastic.daemon.state import StateDB
 
     if not state_dir:
-        return []
+        return [], {}
     try:
         db = StateDB(state_dir, readonly=True)
     except (FileNotFoundError, OSError):
-        return []
+        return [], {}
     try:
-        decisions = db.decisions()
+        return db.decisions(), db.ended_jobs()
     except Exception:  # an older or locked database must not break status
-        return []
+        return [], {}
     finally:
         db.close()
+
+
+def history_rows(state_dir: str | None, active: set[int], decisions=None, ended=None) -> list[dict]:
+    """Jobs the daemon's state DB has but Slurm no longer lists: name, user and final state as the daemon
+    last saw them (``ENDED`` where it did not see the end), their last decided size and batch, and their
+    last user-visible event as the reason."""
+    if decisions is None:
+        decisions, ended = _read_history(state_dir)
+    ended = ended or {}
     last: dict[int, dict] = {}
     count: dict[int, int] = {}
     for d in decisions:
         jid = int(d["job_id"])
         if jid in active or d["action"] == "end":  # its end row: the size shown is the last decided one
             continue
-        last[jid] = d
+        last.setdefault(jid, {})
+        if d["action"] in USER_EVENTS:
+            last[jid] = d
         if d["action"] == "resize" and d["status"] == "done":
             count[jid] = count.get(jid, 0) + 1
     rows = []
-    for jid, d in last.items():
-        rows.append({"jobid": jid, "partition": "-", "name": "-", "user": "-", "state": "ENDED", "st": "E",
+    for jid in sorted(set(last) | (set(ended) - active)):
+        d, e = last.get(jid, {}), ended.get(jid, {})
+        state = e.get("state") or "ENDED"
+        ts = e.get("ts") or d.get("ts")
+        rows.append({"jobid": jid, "partition": e.get("partition") or "-", "name": e.get("name") or "-",
+                     "user": e.get("user") or "-", "state": state, "st": STATE_CODES.get(state, "E"),
                      "gpus": d.get("gpus_to"), "nodes": None, "rescales": count.get(jid, 0), "held": False,
                      "range": "-", "batch": d.get("batch"), "samples_per_s": None, "efficiency": None,
-                     "last_change": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(d["ts"])), "elastic": True,
-                     "spec_error": None, "reason": f"last: {d['action']} {d['status']}"
-                     + (f" ({d['message']})" if d.get("message") else "")})
+                     "last_change": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) if ts else None,
+                     "elastic": True, "spec_error": None,
+                     "reason": f"last: {event_text(d)}" if d else ""})
     return rows
+
+
+def last_events(decisions: list[dict]) -> dict[int, str]:
+    """{job: its last user-visible event in words} (the reason of an ended job that Slurm still lists)."""
+    return {int(d["job_id"]): f"last: {event_text(d)}" for d in decisions if d["action"] in USER_EVENTS}
 
 
 def load_daemon_views(state_dir: str | None) -> dict[int, dict]:
@@ -327,9 +361,15 @@ def status(fmt, noheader, as_json, users, job_ids, partitions, all_jobs, history
         click.echo(f"status: no daemon state in {state_dir} (from {source}); SAMPLES/S, EFFICIENCY and "
                    "LAST-CHANGE are unknown. Give --config/SLURM_ELASTIC_CONFIG or --state-dir.", err=True)
     views = load_daemon_views(state_dir)
-    rows = [merge_daemon_view(job_row(j), views.get(j.job_id)) for j in jobs]
+    # An ended job's view is the daemon's last cycle with it running (its reason, e.g. 'kept: ...', is stale).
+    rows = [merge_daemon_view(job_row(j), views.get(j.job_id) if j.state in ACTIVE_STATES else None) for j in jobs]
     if history:
-        rows += history_rows(state_dir, {j.job_id for j in jobs})
+        decisions, ended = _read_history(state_dir)
+        events = last_events(decisions)
+        for r in rows:  # Slurm's own finished records: the reason is what last happened to the job
+            if r["state"] not in ACTIVE_STATES and r["jobid"] in events:
+                r["reason"] = "; ".join(x for x in (r["reason"], events[r["jobid"]]) if x)
+        rows += history_rows(state_dir, {j.job_id for j in jobs}, decisions, ended)
     rows = select(rows, set(_csv(users)), ids, set(_csv(partitions)), all_jobs)
     rows.sort(key=lambda r: r["jobid"])
     if as_json:

@@ -100,6 +100,7 @@ class Daemon:
         self.refused_by: str | None = None  # why this daemon does not act (another daemon's lease)
         self._notes: dict[int, str] = {}  # job -> last logged oversight note
         self._crash_requeued: set[int] = set()  # jobs the crash policy requeued (held) this cycle
+        self._final_states: dict[int, str] = {}  # job -> the ended state Slurm listed this cycle (status --history)
         self._left: dict[int, str] = {}  # job -> why it was left alone last cycle
         self._degraded: dict[int, str] = {}  # job -> why its Comment is invalid (on its last valid spec)
         self._saved_specs: dict[str, str] = {}  # job -> last valid spec's Comment, as saved in the DB
@@ -273,6 +274,7 @@ class Daemon:
         except SlurmError as e:
             return self._skip_cycle(e)
         self._crash_requeued = set()
+        self._final_states = {j.job_id: j.state for j in finished or () if j.state not in ACTIVE_STATES}
         if not self.dry_run and self.db is not None and finished is not None:
             self._crash_policy(finished)
         self.records = {j.job_id: j for j in records}
@@ -539,6 +541,11 @@ class Daemon:
             rows.append({"job_id": jid, "reason": f"bad spec: {err}"})
         for jid, why in snap.unmanaged.items():
             rows.append({"job_id": jid, "reason": f"left alone: {why}"})
+        named = {j.job_id: j for j in records}
+        for r in rows:  # kept for status --history once Slurm forgets the job
+            if r["job_id"] in named:
+                rec = named[r["job_id"]]
+                r.update(name=rec.name, user=rec.user, partition=rec.partition)
         self.db.save_job_views(rows)
         # An elastic job Slurm no longer lists has ended: logged once, so the decision log alone tells
         # when each job held its GPUs (slurm-elastic report draws the timeline from it).
@@ -546,7 +553,7 @@ class Daemon:
             self.db.log_decision(self.cycle_no, int(jid), "end", "done", gpus_to=0,
                                  reason="ended: no longer in Slurm's queue")
         self._was_elastic = {r["job_id"] for r in rows}
-        self.db.forget_jobs({j.job_id for j in records})
+        self.db.forget_jobs({j.job_id for j in records}, self._final_states)
         self.db.set_meta("last_cycle", {"ts": time.time(), "cycle": self.cycle_no, "seconds": elapsed,
                                         "policy": self.config.policy, "capacity": snap.capacity})
 

@@ -11,7 +11,9 @@ Tables:
 - ``holds``: the daemon's own holds (``requeuehold``/``hold``), with the restart count the job has
   after them, so that an operator's hold is told apart and never released (:mod:`.oversight`);
 - ``jobs``: the last cycle's view of each elastic job (GPUs, batch, samples/s, efficiency, reason), which
-  ``slurm-elastic status`` shows.
+  ``slurm-elastic status`` shows;
+- ``ended``: name, user and final state of each elastic job when it left Slurm's queue, so that
+  ``status --history`` can still name a job after Slurm forgot it.
 
 The directory is created 0755 and the database 0644 (root writes; users may read for ``status``);
 nothing here is world-writable.
@@ -78,6 +80,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     restart_s REAL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS ended (
+    job_id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    name TEXT,
+    user TEXT,
+    partition TEXT,
+    state TEXT
+);
 CREATE TABLE IF NOT EXISTS holds (
     job_id INTEGER PRIMARY KEY,
     restart_count INTEGER NOT NULL,
@@ -91,7 +101,8 @@ CREATE TABLE IF NOT EXISTS placed (
 """
 
 
-JOB_VIEW_ADDED = (("model", "TEXT"), ("model_uncertainty", "REAL"), ("noise_scale", "REAL"), ("restart_s", "REAL"))
+JOB_VIEW_ADDED = (("model", "TEXT"), ("model_uncertainty", "REAL"), ("noise_scale", "REAL"), ("restart_s", "REAL"),
+                  ("name", "TEXT"), ("user", "TEXT"), ("partition", "TEXT"))
 BOOKS_ADDED = (("submitted", "REAL"),)
 
 
@@ -256,13 +267,32 @@ class StateDB:
                     (int(job_id), b.last_change_s, b.rescales, b.seq, b.submitted_s),
                 )
 
-    def forget_jobs(self, active_ids: set[int]) -> None:
-        """Drop books and views of jobs Slurm no longer lists (the decision log is kept)."""
+    def forget_jobs(self, active_ids: set[int], final_states: dict[int, str] | None = None) -> None:
+        """Drop books and views of jobs Slurm no longer lists as active (the decision log is kept); an
+        elastic job's name, user and final state (``final_states``: what Slurm last showed, e.g.
+        COMPLETED; NULL when it vanished unseen) move to ``ended`` for ``status --history``."""
+        final_states = final_states or {}
+        now = time.time()
+        for row in self.conn.execute("SELECT job_id, name, user, partition FROM jobs").fetchall():
+            if row[0] not in active_ids:
+                self.conn.execute(
+                    "INSERT INTO ended(job_id, ts, name, user, partition, state) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(job_id) DO UPDATE SET ts=excluded.ts, name=COALESCE(excluded.name, ended.name), "
+                    "user=COALESCE(excluded.user, ended.user), partition=COALESCE(excluded.partition, "
+                    "ended.partition), state=excluded.state",
+                    (row[0], now, row[1], row[2], row[3], final_states.get(row[0])))
         for table in ("books", "jobs"):
             ids = [r[0] for r in self.conn.execute(f"SELECT job_id FROM {table}").fetchall()]
             for jid in ids:
                 if jid not in active_ids:
                     self.conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (jid,))
+
+    def ended_jobs(self) -> dict[int, dict]:
+        """{job id: its ``ended`` row}; {} for a database written before the table existed (read-only)."""
+        try:
+            return {r["job_id"]: dict(r) for r in self.conn.execute("SELECT * FROM ended").fetchall()}
+        except sqlite3.OperationalError:
+            return {}
 
     # ----- per-job view for status -------------------------------------------------------------
     def save_job_views(self, rows: list[dict]) -> None:
@@ -272,18 +302,21 @@ class StateDB:
             for r in rows:
                 self.conn.execute(
                     "INSERT INTO jobs(job_id, updated, gpus, target_gpus, batch, samples_per_s, efficiency, "
-                    "rescales, last_change, reason, model, model_uncertainty, noise_scale, restart_s) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "rescales, last_change, reason, model, model_uncertainty, noise_scale, restart_s, name, user, "
+                    "partition) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(job_id) DO UPDATE SET updated=excluded.updated, gpus=excluded.gpus, "
                     "target_gpus=excluded.target_gpus, batch=excluded.batch, samples_per_s=excluded.samples_per_s, "
                     "efficiency=excluded.efficiency, rescales=excluded.rescales, last_change=excluded.last_change, "
                     "reason=excluded.reason, model=excluded.model, model_uncertainty=excluded.model_uncertainty, "
-                    "noise_scale=excluded.noise_scale, restart_s=excluded.restart_s",
+                    "noise_scale=excluded.noise_scale, restart_s=excluded.restart_s, name=excluded.name, "
+                    "user=excluded.user, partition=excluded.partition",
                     (int(r["job_id"]), now, r.get("gpus"), r.get("target_gpus"), r.get("batch"),
                      r.get("samples_per_s"), r.get("efficiency"), r.get("rescales"), r.get("last_change"),
                      r.get("reason"), r.get("model"), r.get("model_uncertainty"), r.get("noise_scale"),
-                     r.get("restart_s")),
+                     r.get("restart_s"), r.get("name"), r.get("user"), r.get("partition")),
                 )
+                # Active again (a requeue after it was seen ending): no longer ended.
+                self.conn.execute("DELETE FROM ended WHERE job_id = ?", (int(r["job_id"]),))
 
     def job_views(self) -> dict[int, dict]:
         return {r["job_id"]: dict(r) for r in self.conn.execute("SELECT * FROM jobs").fetchall()}

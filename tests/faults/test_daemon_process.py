@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from faultlib import DaemonProc, scancel, wait_for, write_config
 
-from slurm_elastic.cluster import find_free_port_block
+from tests.conftest import free_ports
 
 pytestmark = [pytest.mark.slurm]
 
@@ -36,7 +36,7 @@ def test_two_daemons_started_at_once_one_refuses_and_says_why(slurm_cluster, tmp
     reliability("daemon process", "two daemons started at the same instant on one state dir",
                 "both spawned back to back", "exactly one keeps running; the other exits 1 naming the pid that "
                 "holds the lock; state dir and database not world-writable; metrics on 127.0.0.1 by default")
-    port = find_free_port_block(1, start=29500)
+    port = free_ports(1, start=29500)
     cfg = write_config(tmp_path / "elastic.toml", tmp_path / "state", metrics_port=port)
     text = cfg.read_text().replace('metrics_address = ""\n', "")  # the default address
     cfg.write_text(text)

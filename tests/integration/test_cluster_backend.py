@@ -16,8 +16,9 @@ import pytest
 
 from slurm_elastic.backends.base import JobNotRequeueable, SlurmError
 from slurm_elastic.backends.pyslurm_worker import PyslurmWorker
-from slurm_elastic.cluster import ClusterConfig, LocalCluster, find_free_port_block
+from slurm_elastic.cluster import ClusterConfig, LocalCluster
 from slurm_elastic.spec import Decision, parse_decision
+from tests.conftest import free_ports
 
 pytestmark = pytest.mark.slurm
 
@@ -292,7 +293,7 @@ def test_down_stops_only_its_own_processes(versioned_cluster, tmp_path):
     bystander = subprocess.Popen(["sleep", "60"])
     state = tmp_path / "c2" if c.chroot is None else c.chroot.path / "srv" / "slurm-elastic" / f"c2-{os.getpid()}"
     second = LocalCluster(state, ClusterConfig(nodes=2, gpus_per_node=2, release=c.config.release,
-                                               ctld_port=find_free_port_block(4, start=26000)))
+                                               ctld_port=free_ports(4, start=26000)))
     try:
         assert second.up() is True
         pids = second.pids()
@@ -325,7 +326,7 @@ def test_cluster_command_up_status_down_on_each_version(versioned_cluster, tmp_p
     if c.chroot is not None and slurm == host_release():
         pytest.skip(f"'--slurm {slurm}' on a {slurm} host means the host's Slurm (tested as [host])")
     state = tmp_path / "cli" if c.chroot is None else c.chroot.path / "srv" / "slurm-elastic" / f"cli-{os.getpid()}"
-    port = str(find_free_port_block(4, start=30000))
+    port = str(free_ports(4, start=30000))
     cli = [sys.executable, "-m", "slurm_elastic.cli", "cluster"]
     common = ["--state-dir", str(state), "--slurm", slurm]
 

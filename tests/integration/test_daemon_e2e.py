@@ -129,3 +129,23 @@ def test_daemon_admits_shrinks_grows_and_every_job_completes_exactly_once(slurm_
                           str(tmp_path / "demo" / "daemon-state")], env=slurm_cluster.env, capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert not [r for r in json.loads(out)["jobs"] if r["jobid"] in ids]
+    # --history names them, with their final state and last user-visible event (issue 21 item 8): here
+    # from Slurm's finished records (MinJobAge); the daemon's own record of each job it saw end agrees.
+    out = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "status", "--history", "--json", "--state-dir",
+                          str(tmp_path / "demo" / "daemon-state")], env=slurm_cluster.env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    hist = {r["jobid"]: r for r in json.loads(out)["jobs"]}
+    for j in result.jobs:
+        r = hist[j.job_id]
+        assert (r["name"], r["state"], r["st"]) == (f"demo-{j.name}", "COMPLETED", "CD"), r
+        assert "last: " in r["reason"] and "measure" not in r["reason"] and "kept" not in r["reason"], r
+    from slurm_elastic.daemon.state import StateDB
+
+    db = StateDB(tmp_path / "demo" / "daemon-state", readonly=True)
+    ended = db.ended_jobs()
+    db.close()
+    first_done = min(result.jobs, key=lambda j: j.finished)  # ended cycles before the daemon was stopped
+    assert first_done.job_id in ended, ended
+    for j in result.jobs:
+        if j.job_id in ended:
+            assert (ended[j.job_id]["name"], ended[j.job_id]["state"]) == (f"demo-{j.name}", "COMPLETED"), ended[j.job_id]

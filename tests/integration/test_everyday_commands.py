@@ -100,14 +100,14 @@ raise SystemExit(3)
 
 
 def test_crash_policy_requeues_twice_then_leaves_the_job_failed(slurm_cluster, job_dir):
-    from slurm_elastic.cluster import find_free_port_block
     from slurm_elastic.demo import write_daemon_config
+    from tests.conftest import free_ports
 
     c = slurm_cluster
     script = job_dir / "crash.py"
     script.write_text(CRASH)
     cfg, state = job_dir / "elastic.toml", job_dir / "daemon-state"
-    write_daemon_config(cfg, state, find_free_port_block(1, start=29400))
+    write_daemon_config(cfg, state, free_ports(1, start=29400))
     dlog = open(job_dir / "daemon.log", "wb")
     daemon = subprocess.Popen([sys.executable, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg)],
                               env=c.env, stdout=dlog, stderr=subprocess.STDOUT, start_new_session=True)

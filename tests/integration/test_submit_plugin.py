@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.cluster import ClusterConfig, ClusterError, LocalCluster, find_free_port_block
+from slurm_elastic.cluster import ClusterConfig, ClusterError, LocalCluster
+from tests.conftest import free_ports
 
 pytestmark = pytest.mark.slurm
 
@@ -26,7 +27,7 @@ def lua_cluster():
     state = Path(tempfile.mkdtemp(prefix="se-lua-"))
     os.chmod(state, 0o755)  # other users (nobody) must read slurm.conf and reach the munge socket
     cluster = LocalCluster(state, ClusterConfig(nodes=2, gpus_per_node=4, job_submit_lua=str(PLUGIN),
-                                                ctld_port=find_free_port_block(4, start=27000)))
+                                                ctld_port=free_ports(4, start=27000)))
     cluster.up()
     work = state / "jobs"
     work.mkdir()

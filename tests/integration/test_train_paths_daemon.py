@@ -126,14 +126,14 @@ def _reference_hf(steps, n):
 def test_four_training_paths_resized_by_the_daemon(slurm_cluster, tmp_path):
     pytest.importorskip("lightning")
     pytest.importorskip("transformers")
-    from slurm_elastic.cluster import find_free_port_block
     from slurm_elastic.daemon.state import StateDB
     from slurm_elastic.demo import write_daemon_config
+    from tests.conftest import free_ports
 
     c = slurm_cluster
     os.chmod(tmp_path, 0o755)
     state_dir, cfg = tmp_path / "daemon-state", tmp_path / "elastic.toml"
-    write_daemon_config(cfg, state_dir, find_free_port_block(1, start=29100))
+    write_daemon_config(cfg, state_dir, free_ports(1, start=29100))
     dlog = open(tmp_path / "daemon.log", "wb")
     daemon = subprocess.Popen([sys.executable, "-m", "slurm_elastic.cli", "daemon", "--config", str(cfg)],
                               env=dict(c.env), stdout=dlog, stderr=subprocess.STDOUT, start_new_session=True)
