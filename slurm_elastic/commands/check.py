@@ -10,6 +10,8 @@ result must equal an uninterrupted run) and at another batch; what is wrong is s
 Each run is a fresh process tree started with an argv list (no shell): ``python SCRIPT ARGS`` for one
 process, ``python -m torch.distributed.run --standalone --nproc-per-node 2 SCRIPT ARGS`` for two; the
 batch comes from ``ELASTIC_BATCH`` and the stop from ``ELASTIC_STOP_AT_STEP`` (read by ``ElasticJob``).
+The uninterrupted reference runs beside the first run (a pre-flight's time is mostly process start-up),
+each with its own checkpoint directory in the same working directory.
 """
 
 from __future__ import annotations
