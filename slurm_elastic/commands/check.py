@@ -10,12 +10,16 @@ result must equal an uninterrupted run) and at another batch; what is wrong is s
 Each run is a fresh process tree started with an argv list (no shell): ``python SCRIPT ARGS`` for one
 process, ``python -m torch.distributed.run --standalone --nproc-per-node 2 SCRIPT ARGS`` for two; the
 batch comes from ``ELASTIC_BATCH`` and the stop from ``ELASTIC_STOP_AT_STEP`` (read by ``ElasticJob``).
+The uninterrupted reference runs beside the first run (a pre-flight's time is mostly process start-up),
+each with its own checkpoint directory in the same working directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +33,8 @@ HINTS = (  # (text in the output, what to tell the user)
                                      "to use instead"),
     ("not slurm-elastic's", "the training DataLoader is not the elastic one (Lightning: elastic.dataloader(ds); "
                             "HF: ElasticTrainer builds it; plain: job.loader(ds))"),
+    ("never restored the job", "the framework trained without slurm-elastic's hooks (no checkpoint, stops "
+                               "ignored); the error above names the call to add"),
     ("callback is missing", "the framework runs without the library's callback: pass **elastic.trainer_kwargs() "
                             "to L.Trainer (Lightning) or use ElasticTrainer (HF)"),
     ("changed outside slurm-elastic", "an lr scheduler that the library does not know steps the lr; register it "
@@ -55,8 +61,8 @@ def _load(ckpt: Path) -> dict | None:
     return torch.load(p, weights_only=True, map_location="cpu") if p.is_file() else None
 
 
-def _run(script: str, args: tuple[str, ...], ckpt: Path, *, procs: int, batch: int, stop_at: int | None,
-         timeout_s: float) -> Run:
+def _start(script: str, args: tuple[str, ...], ckpt: Path, *, procs: int, batch: int,
+           stop_at: int | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_",
                                 "TORCHELASTIC_", "ELASTIC_"))}
@@ -69,12 +75,31 @@ def _run(script: str, args: tuple[str, ...], ckpt: Path, *, procs: int, batch: i
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}", script,
                *args]
+    # Its own session: a run given up on (timeout, or not needed after an earlier failure) is ended with
+    # its DataLoader workers and torchrun's ranks.
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+
+
+def _wait(p: subprocess.Popen, ckpt: Path, timeout_s: float) -> Run:
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
-        rc, out = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out = 124, f"{e.stdout or ''}{e.stderr or ''}\n(timed out after {timeout_s:g} s)"
-    return Run(rc, out if isinstance(out, str) else out.decode(errors="replace"), _load(ckpt))
+        out, _ = p.communicate(timeout=timeout_s)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        _kill(p)
+        out, _ = p.communicate()
+        rc, out = 124, f"{out or ''}\n(timed out after {timeout_s:g} s)"
+    return Run(rc, out or "", _load(ckpt))
+
+
+def _run(script: str, args: tuple[str, ...], ckpt: Path, *, procs: int, batch: int, stop_at: int | None,
+         timeout_s: float) -> Run:
+    return _wait(_start(script, args, ckpt, procs=procs, batch=batch, stop_at=stop_at), ckpt, timeout_s)
 
 
 def _explain(run: Run) -> str:
@@ -97,7 +122,18 @@ def check_script(script: str, args: tuple[str, ...], *, batch: int = 8, steps: i
     work = Path(tempfile.mkdtemp(prefix="slurm-elastic-check-"))
     try:
         say(f"1. one process, batch {batch}, stopped after step {steps} as the daemon would stop it")
-        a = _run(script, args, work / "a", procs=1, batch=batch, stop_at=steps, timeout_s=timeout_s)
+        say(f"2. uninterrupted reference: one process, batch {batch}, to step {2 * steps} (meanwhile)")
+        # The reference needs nothing from run 1: both at once (a pre-flight's time is mostly start-up).
+        ref_p = _start(script, args, work / "r", procs=1, batch=batch, stop_at=2 * steps)
+        try:
+            a = _run(script, args, work / "a", procs=1, batch=batch, stop_at=steps, timeout_s=timeout_s)
+        except BaseException:
+            _kill(ref_p)
+            ref_p.communicate()
+            raise
+        if a.state is None or a.steps != steps or a.rc != 75:
+            _kill(ref_p)  # the first run already says what is wrong
+            ref_p.communicate()
         if a.state is None:
             problems.append("no checkpoint after the stop: the script does not use slurm_elastic.train, or the "
                             "integration is not wired (Lightning: **elastic.trainer_kwargs(); HF: ElasticTrainer); "
@@ -109,8 +145,7 @@ def check_script(script: str, args: tuple[str, ...], *, batch: int = 8, steps: i
             return problems
         say(f"   ok: exit 75, checkpoint at step {a.steps}, {a.state['samples_seen']} samples")
         shutil.copytree(work / "a", work / "b")
-        say(f"2. uninterrupted reference: one process, batch {batch}, to step {2 * steps}")
-        ref = _run(script, args, work / "r", procs=1, batch=batch, stop_at=2 * steps, timeout_s=timeout_s)
+        ref = _wait(ref_p, work / "r", timeout_s)
         say(f"3. resume at 2 processes, same batch {batch}, to step {2 * steps}")
         two = _run(script, args, work / "b", procs=2, batch=batch, stop_at=2 * steps, timeout_s=timeout_s)
         for name, r in (("reference", ref), ("2-process resume", two)):

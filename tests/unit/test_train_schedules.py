@@ -83,11 +83,11 @@ def uninterrupted_lrs():
     return out
 
 
-def run_starts(tmp_path, one_start):
-    """Run STARTS through ``one_start(ckpt, batch, stop_after, log)``; log rows: (samples before, lr, idx, loss)."""
+def run_starts(tmp_path, one_start, starts=STARTS):
+    """Run ``starts`` (STARTS by default) through ``one_start(ckpt, batch, stop_after, log)``; log rows: (samples before, lr, idx, loss)."""
     log: list[tuple[int, float, list[int], float]] = []
     flag = global_stop_flag()
-    for batch, stop_after in STARTS:
+    for batch, stop_after in starts:
         flag.clear()
         try:
             one_start(tmp_path / "ck", batch, stop_after, log)
@@ -100,7 +100,7 @@ def run_starts(tmp_path, one_start):
     return log
 
 
-def check_curve(log, what):
+def check_curve(log, what, total=EPOCHS * N, starts=STARTS):
     ref_lrs = uninterrupted_lrs()
     seen = 0
     for s, lr, idx, _ in log:
@@ -109,11 +109,11 @@ def check_curve(log, what):
         if s in ref_lrs:
             assert lr == pytest.approx(ref_lrs[s], rel=1e-9, abs=1e-12), (what, s)
         seen += len(idx)
-    assert seen == EPOCHS * N
+    assert seen == total, (what, seen, total)
     ref = reference([idx for _, _, idx, _ in log])
     got = [loss for *_, loss in log]
     diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, ref, strict=True))
-    print(f"{what}: {len(log)} steps at batches {[b for b, _ in STARTS]}, lr on the batch-24 schedule in samples; "
+    print(f"{what}: {len(log)} steps at batches {[b for b, _ in starts]}, lr on the batch-24 schedule in samples; "
           f"max relative step-loss diff vs plain loop {diff:.1e}, final loss {got[-1]:.6f} vs {ref[-1]:.6f}")
     assert diff < 1e-4, what
 
@@ -157,7 +157,8 @@ def test_plain_pytorch_step_scheduler_is_counted_in_samples(tmp_path):
 # ------------------------------------------------------------------ Lightning
 
 
-def _lightning_start(ckpt, batch, stop_after, log, counters, *, scheduler="lambda", kwargs=True, loader=True):
+def _lightning_start(ckpt, batch, stop_after, log, counters, *, scheduler="lambda", kwargs=True, loader=True,
+                     max_steps=None):
     import lightning as L
     from lightning.pytorch.callbacks import EarlyStopping
 
@@ -211,11 +212,12 @@ def _lightning_start(ckpt, batch, stop_after, log, counters, *, scheduler="lambd
     tk = elastic.trainer_kwargs() if kwargs else {"accelerator": "cpu", "devices": 1}
     if kwargs:
         tk["callbacks"] = [*tk["callbacks"], es]
-    trainer = L.Trainer(max_epochs=EPOCHS, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        **tk)
+    length = {"max_epochs": EPOCHS} if max_steps is None else {"max_steps": max_steps}
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, **length, **tk)
     dl = elastic.dataloader(DS()) if loader else torch.utils.data.DataLoader(DS(), batch_size=12)
     trainer.fit(Net(), train_dataloaders=dl)
     counters.append(("es", es.wait_count, float(es.best_score)))
+    counters.append(("total", elastic.job.total_samples, elastic.job.samples_seen))
 
 
 def test_lightning_step_scheduler_is_counted_in_samples_and_counters_continue(tmp_path):
@@ -223,12 +225,13 @@ def test_lightning_step_scheduler_is_counted_in_samples_and_counters_continue(tm
     counters: list = []
     log = run_starts(tmp_path, lambda c, b, s, lg: _lightning_start(c, b, s, lg, counters))
     check_curve(log, "Lightning")
-    steps = [c for c in counters if c[0] != "es"]
+    steps = [c for c in counters if c[0] not in ("es", "total")]
     assert [c[0] for c in steps] == list(range(len(steps))), steps  # global_step continues over starts
     assert all(c[1] == c[0] + 1 for c in steps)
     assert all(c[2] == c[3] for c in steps), steps  # current_epoch is the data epoch
     es = [c for c in counters if c[0] == "es"]
     assert len(es) == 1 and math.isfinite(es[0][2])  # EarlyStopping ran to the end with its restored state
+    assert [c for c in counters if c[0] == "total"] == [("total", EPOCHS * N, EPOCHS * N)]  # reported, reached
 
 
 def test_lightning_mistakes_fail_at_start(tmp_path):
@@ -250,10 +253,43 @@ def test_lightning_mistakes_fail_at_start(tmp_path):
         assert msg in str(e.value), (what, str(e.value))
 
 
+# max_steps=7 at the submitted batch 24 is 168 samples (1.75 epochs). Resumed at batch 12 and then 48, the
+# last batch-48 step is cut to the 24 samples left; an uninterrupted batch-24 run takes 7 steps to 168.
+MAX_STEPS = 7
+MS_STARTS = [(24, 2), (12, 3), (48, None)]
+
+
+def _read_total(ckpt):
+    from slurm_elastic.train import protocol
+
+    p = protocol.throughput_path(ckpt)
+    import json
+
+    return json.loads(p.read_text()).get("total_samples") if p.is_file() else None
+
+
+def test_lightning_max_steps_is_counted_in_samples_through_a_batch_change(tmp_path):
+    pytest.importorskip("lightning")
+    runs = {}
+    for name, starts in (("uninterrupted", [(24, None)]), ("resumed", MS_STARTS)):
+        counters: list = []
+        log = run_starts(tmp_path / name, lambda c, b, s, lg, cs=counters: _lightning_start(
+            c, b, s, lg, cs, max_steps=MAX_STEPS), starts=starts)
+        check_curve(log, f"Lightning max_steps {name}", total=MAX_STEPS * BASE, starts=starts)
+        totals = [c for c in counters if c[0] == "total"]
+        assert totals == [("total", MAX_STEPS * BASE, MAX_STEPS * BASE)], totals  # reported, and reached
+        # the progress report the daemon reads (a start of a few warm-up steps may not have written one)
+        assert _read_total(tmp_path / name / "ck") in ((MAX_STEPS * BASE,) if name == "uninterrupted"
+                                                       else (None, MAX_STEPS * BASE))
+        runs[name] = log
+    assert len(runs["uninterrupted"]) == MAX_STEPS
+    assert [len(idx) for _, _, idx, _ in runs["resumed"]] == [24, 24, 12, 12, 12, 12, 48, 24], runs["resumed"]
+
+
 # ------------------------------------------------------------------ Hugging Face Trainer
 
 
-def _hf_start(ckpt, batch, stop_after, log, states):
+def _hf_start(ckpt, batch, stop_after, log, states, max_steps=None):
     from transformers import TrainerCallback, TrainingArguments
 
     from slurm_elastic.train.integrations.hf import ElasticTrainer, elastic_setup
@@ -310,9 +346,11 @@ def _hf_start(ckpt, batch, stop_after, log, states):
     args = TrainingArguments(output_dir=str(ckpt.parent / "hf"), num_train_epochs=EPOCHS, learning_rate=0.1,
                              lr_scheduler_type="linear", warmup_steps=2, optim="sgd", weight_decay=0.0,
                              max_grad_norm=0.0, report_to=[], save_strategy="no", logging_steps=1,
-                             disable_tqdm=True, use_cpu=True, seed=3, remove_unused_columns=False)
+                             disable_tqdm=True, use_cpu=True, seed=3, remove_unused_columns=False,
+                             max_steps=-1 if max_steps is None else max_steps)
     trainer = T(job=job, model=Model(), args=args, train_dataset=HFDS(), callbacks=[Rec()])
     trainer.train()
+    states.append(("total", job.total_samples, job.samples_seen))
 
 
 def test_hf_schedule_is_counted_in_samples_and_trainer_state_continues(tmp_path):
@@ -321,6 +359,7 @@ def test_hf_schedule_is_counted_in_samples_and_trainer_state_continues(tmp_path)
 
     states: list = []
     log = run_starts(tmp_path, lambda c, b, s, lg: _hf_start(c, b, s, lg, states))
+    assert states.pop() == ("total", EPOCHS * N, EPOCHS * N)
     dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     ref = get_scheduler("linear", optimizer=dummy, num_warmup_steps=2, num_training_steps=TOTAL_STEPS)
     fn = ref.lr_lambdas[0]
@@ -334,6 +373,32 @@ def test_hf_schedule_is_counted_in_samples_and_trainer_state_continues(tmp_path)
     assert seen == EPOCHS * N
     print(f"HF: {len(log)} steps at batches {[b for b, _ in STARTS]}; logged lr = linear warm-up/decay "
           f"schedule of batch 24 at samples/24; global_step 1..{states[-1][0]}, epoch {states[-1][3]}")
+
+
+def test_hf_max_steps_is_counted_in_samples_through_a_batch_change(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import get_scheduler
+
+    dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    fn = get_scheduler("linear", optimizer=dummy, num_warmup_steps=2, num_training_steps=MAX_STEPS).lr_lambdas[0]
+    sizes = {}
+    for name, starts in (("uninterrupted", [(24, None)]), ("resumed", MS_STARTS)):
+        states: list = []
+        log = run_starts(tmp_path / name, lambda c, b, s, lg, st=states: _hf_start(c, b, s, lg, st, MAX_STEPS),
+                         starts=starts)
+        assert states.pop() == ("total", MAX_STEPS * BASE, MAX_STEPS * BASE), name  # reported, and reached
+        # the progress report the daemon reads (a start of a few warm-up steps may not have written one)
+        assert _read_total(tmp_path / name / "ck") in ((MAX_STEPS * BASE,) if name == "uninterrupted"
+                                                       else (None, MAX_STEPS * BASE))
+        assert [st[0] for st in states] == list(range(1, len(log) + 1)), states  # global_step continues
+        seen = 0
+        for (s0, _, ids, _), (_, lr, _, _) in zip(log, states, strict=True):
+            assert s0 == seen
+            assert lr == pytest.approx(0.1 * fn(s0 / BASE), rel=1e-9, abs=1e-12), (name, s0, lr)
+            seen += len(ids)
+        assert seen == MAX_STEPS * BASE, (name, seen)
+        sizes[name] = [len(ids) for _, _, ids, _ in log]
+    assert sizes == {"uninterrupted": [24] * MAX_STEPS, "resumed": [24, 24, 12, 12, 12, 12, 48, 24]}, sizes
 
 
 def test_resume_must_refuses_a_missing_directory_or_checkpoint(tmp_path):

@@ -12,7 +12,8 @@ Usage (see docs/INTEGRATIONS.md)::
     trainer = ElasticTrainer(job=job, model=model, args=args, train_dataset=train_set)
     trainer.train()
 
-``num_train_epochs`` is the number of data epochs; the Trainer's ``lr_scheduler_type`` schedule is counted
+``num_train_epochs`` is the number of data epochs; ``max_steps`` is counted in samples (``max_steps x``
+the submitted batch, whatever each start's batch); the Trainer's ``lr_scheduler_type`` schedule is counted
 in samples (its step ``s`` after ``s x base_batch`` samples); its ``TrainerState`` (``global_step``,
 ``epoch``, ``log_history``, best metric) is in the library's checkpoint and continues on the next start.
 
@@ -59,6 +60,10 @@ def elastic_setup(ckpt_dir: str | os.PathLike | None = None, **job_kwargs) -> El
     return job
 
 
+# num_train_epochs under max_steps: the run ends at max_steps x base_batch samples (the sampler runs dry,
+# on_epoch_end stops the Trainer), so the Trainer's epoch loop must never end first, whatever the batch.
+_UNBOUNDED_EPOCHS = 10**6
+
 _STATE_FIELDS = ("global_step", "log_history", "best_metric", "best_global_step", "best_model_checkpoint",
                  "total_flos", "num_input_tokens_seen")
 
@@ -89,8 +94,10 @@ class _ElasticHFCallback(TrainerCallback):
         opt = t.optimizer
         opt = getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps the torch one
         loop = t.elastic_loop
+        steps = t.elastic_max_steps
         loop.restore(model=t.model, optimizer=opt, scheduler=t.lr_scheduler,
-                     epochs=math.ceil(args.num_train_epochs), hf=_HFState(t))
+                     epochs=None if steps is not None else math.ceil(args.num_train_epochs), max_steps=steps,
+                     hf=_HFState(t))
         t._elastic_schedule()
         # The counters continue: loggers' x-axes, "every N steps" logic and the logged loss average.
         st = t.state
@@ -116,8 +123,13 @@ class ElasticTrainer(Trainer):
         if targs.world_size != job.world_size:
             raise RuntimeError(f"the Trainer sees {targs.world_size} processes, the job runs {job.world_size}: "
                                "call elastic_setup() before creating TrainingArguments")
-        if targs.max_steps and targs.max_steps > 0:
-            raise ValueError("max_steps is not supported by ElasticTrainer: give num_train_epochs (data epochs)")
+        # max_steps counts optimizer steps, whose size the daemon changes: the library converts it to samples
+        # (max_steps x the LR base batch, known once the checkpoint is loaded) and ends the run there; the
+        # Trainer's own loop gets epochs enough for any batch and stops when the elastic sampler runs dry.
+        self.elastic_max_steps = int(targs.max_steps) if targs.max_steps and targs.max_steps > 0 else None
+        if self.elastic_max_steps is not None:
+            targs.max_steps = -1
+            targs.num_train_epochs = _UNBOUNDED_EPOCHS
         targs.per_device_train_batch_size = a.local_batch
         # The Trainer accumulates itself (its accelerator keeps num_steps=1, which must stay so: accelerate
         # would divide the loss by its own count once more).
@@ -211,7 +223,10 @@ class ElasticTrainer(Trainer):
         of an uninterrupted run at that batch, so it ends where it would have whatever each start's batch."""
         job, loop = self.elastic_loop.job, self.elastic_loop
         base = job.lr.base_batch
-        total = max(1, math.ceil(loop.dataset_size / base) * math.ceil(self.args.num_train_epochs))
+        if self.elastic_max_steps is not None:
+            total = self.elastic_max_steps
+        else:
+            total = max(1, math.ceil(loop.dataset_size / base) * math.ceil(self.args.num_train_epochs))
         job.schedule.replace_lambdas(self._elastic_reference_schedule(total).lr_lambdas)
         job.apply_lr()
 

@@ -18,7 +18,8 @@ scales each micro-batch's loss in ``backward`` (exactly 1.0 unless an epoch's ta
 :class:`ElasticCallback` restores the checkpoint once Lightning has built the optimizer
 (``on_fit_start``, before the DataLoader iterator exists), checks the stop request at every step
 boundary (``on_train_batch_start`` of the first micro-batch), and advances the global sample offset
-after every optimizer step. The Trainer's ``max_epochs`` is the number of data epochs. Lightning's own
+after every optimizer step. The Trainer's ``max_epochs`` is the number of data epochs; its ``max_steps``
+is counted in samples (``max_steps x`` the submitted batch), like a step schedule. Lightning's own
 counters (``global_step``, ``current_epoch``, the logger's step) and the callbacks' states
 (EarlyStopping, ModelCheckpoint, ...) are in the library's checkpoint and continue on the next start;
 the scheduler of ``configure_optimizers`` is counted in samples (see ..schedule). Lightning's own
@@ -124,11 +125,15 @@ class ElasticCallback(Callback):
         if trainer.accumulate_grad_batches != self.elastic.loop.accum:
             raise RuntimeError(f"accumulate_grad_batches is {trainer.accumulate_grad_batches}, this start's "
                                f"assignment needs {self.elastic.loop.accum}: use **elastic.trainer_kwargs()")
-        if trainer.max_steps is not None and trainer.max_steps >= 0:
-            raise ValueError("max_steps counts optimizer steps, whose size the daemon changes: give max_epochs "
-                             "(data epochs) to the Trainer")
-        if trainer.max_epochs is None or trainer.max_epochs < 0:
-            raise ValueError("give the Trainer max_epochs (data epochs): the daemon ranks jobs by the work left")
+        # max_steps counts optimizer steps, whose size the daemon changes: the library converts it to
+        # samples (max_steps x the LR base batch) and stops the run there itself, so Lightning's own count
+        # (global_step continues from the checkpoint) must not stop it early or late.
+        max_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps >= 0 else None
+        trainer.fit_loop.epoch_loop.max_steps = -1
+        epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
+        if epochs is None and max_steps is None:
+            raise ValueError("give the Trainer max_epochs (data epochs) or max_steps: the daemon ranks jobs by the "
+                             "work left")
         job = self.elastic.job
         cfgs = trainer.lr_scheduler_configs
         if len(cfgs) > 1:
@@ -139,7 +144,7 @@ class ElasticCallback(Callback):
             job.schedule_every = "epoch" if cfgs[0].interval == "epoch" else "step"
             job.schedule_frequency = max(1, int(cfgs[0].frequency or 1))
         self.elastic.loop.restore(model=pl_module, optimizer=trainer.optimizers[0], scheduler=sched,
-                                  epochs=trainer.max_epochs, lightning=_LightningState(trainer))
+                                  epochs=epochs, max_steps=max_steps, lightning=_LightningState(trainer))
         _continue_counters(trainer, job.optimizer_steps, job.epoch)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

@@ -46,7 +46,9 @@ class ExternalLoop:
         self._guard = register_optimizer_step_pre_hook(self._unwired_step)
         self._fix = fix
         self.dataset_size: int | None = None
-        self.epochs: int | None = None
+        self.epochs: int | None = None  # data epochs asked for (None: until max_samples)
+        self.max_samples: int | None = None  # a framework's max_steps x the LR base batch (see restore)
+        self.restored = False
         self.plan: StepPlan | None = None
         self.micro = 0  # micro-batches of the current step seen so far (framework hook calls)
         self._perm_key: tuple[int, int] | None = None
@@ -67,9 +69,16 @@ class ExternalLoop:
             self._perm_key = key
         return self._perm
 
-    def plan_at(self, epoch: int, offset: int) -> StepPlan:
+    def plan_at(self, epoch: int, offset: int, seen: int | None = None) -> StepPlan:
+        """The step from ``(epoch, offset)``; with ``max_samples``, the last one is cut to the samples left
+        (``seen``: the samples trained before it, the job's by default), as an epoch's tail is."""
         a = self.job.assignment
-        return plan_step(self.perm(epoch), epoch, offset, a.global_batch, self.job.rank, self.job.world_size,
+        perm = self.perm(epoch)
+        if self.max_samples is not None:
+            left = self.max_samples - (self.job.samples_seen if seen is None else seen)
+            if 0 < left < perm.numel() - offset:
+                perm = perm[: offset + left]
+        return plan_step(perm, epoch, offset, a.global_batch, self.job.rank, self.job.world_size,
                          a.local_batch, a.accum)
 
     def micro_batches(self, plan: StepPlan) -> list[tuple[list[int], float]]:
@@ -90,18 +99,33 @@ class ExternalLoop:
                                f"not {dataset_size}")
         self.dataset_size = int(dataset_size)
 
-    def restore(self, *, model, optimizer, scheduler=None, epochs: int, **user_objects) -> bool:
-        """Register the framework's model/optimizer (unwrapped), load the checkpoint, hook the optimizer."""
+    def restore(self, *, model, optimizer, scheduler=None, epochs: int | None, max_steps: int | None = None,
+                **user_objects) -> bool:
+        """Register the framework's model/optimizer (unwrapped), load the checkpoint, hook the optimizer.
+
+        ``max_steps`` (the framework's, optimizer steps at the submitted batch) is converted to samples as
+        step schedules are (..schedule): the run ends after ``max_steps x base_batch`` samples whatever
+        each start's batch, and reports that as its total; with ``epochs`` too, whichever comes first."""
         self._guard.remove()
         if self.dataset_size is None:
             raise RuntimeError("the training DataLoader is not slurm-elastic's: its batch sampler never ran (use "
                                "elastic.dataloader(dataset) with Lightning, ElasticTrainer's own with HF)")
-        self.epochs = int(epochs)
+        if epochs is None and max_steps is None:
+            raise ValueError("give the framework max_epochs/num_train_epochs or max_steps: the daemon ranks jobs "
+                             "by the work left")
+        self.epochs = None if epochs is None else int(epochs)
         self.job.planned_epochs = self.epochs  # with the dataset size: the remaining work the daemon ranks
         self.job.register(model=model, optimizer=optimizer, scheduler=scheduler, **user_objects)
         found = self.job.restore()
         self.set_dataset(self.dataset_size)
         self.job.dataset_size = self.dataset_size
+        if max_steps is not None:
+            self.max_samples = int(max_steps) * int(self.job.lr.base_batch)
+            if self.epochs is not None:
+                self.max_samples = min(self.max_samples, self.epochs * self.dataset_size)
+            if self.job._total_samples_arg is None:
+                self.job._total_samples_arg = self.max_samples  # reported with the progress
+        self.restored = True
         self._hooks = [optimizer.register_step_pre_hook(self._pre_step)]
         if self.job.noise is not None:
             self.job.noise.attach(model)
@@ -118,6 +142,8 @@ class ExternalLoop:
 
     @property
     def finished(self) -> bool:
+        if self.max_samples is not None and self.job.samples_seen >= self.max_samples:
+            return True
         return self.epochs is not None and self.job.epoch >= self.epochs
 
     # ------------------------------------------------------------ step boundary
@@ -225,16 +251,17 @@ class FrameworkBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         loop = self.loop
-        if loop.epochs is None:
+        if not loop.restored:
             raise RuntimeError("the elastic DataLoader is iterated before slurm-elastic restored the job: the "
                                "callback is missing (Lightning: L.Trainer(..., **elastic.trainer_kwargs()); HF: "
                                "ElasticTrainer)")
         if loop.finished:
             return
-        epoch, offset = loop.job.epoch, loop.job.offset
+        epoch, offset, seen = loop.job.epoch, loop.job.offset, loop.job.samples_seen
         n = loop.dataset_size
-        while offset < n:
-            plan = loop.plan_at(epoch, offset)
+        while offset < n and (loop.max_samples is None or seen < loop.max_samples):
+            plan = loop.plan_at(epoch, offset, seen)
             for idx, _w in loop.micro_batches(plan):
                 yield idx
             offset += plan.count
+            seen += plan.count
