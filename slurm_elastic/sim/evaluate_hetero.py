@@ -240,9 +240,11 @@ partition: every job may run on any type) and its 8 Philly workloads (160 jobs e
 daemon's own cycle (`python -m slurm_elastic.sim.evaluate_hetero`, `slurm_elastic/sim/hetero.py`).
 Every job runs at its app's measured table on the type it starts on (Sia's artifact, uncalibrated);
 goodput work model (Pollux's gradient traces); 60 s cycle. What each policy is told per type: `dp`
-today the daemon's rule (no per-type data for these apps: the job's own model, Pollux's T4 table,
-unscaled in every pool); `:profiled` and the peers `sia` and `gavel`: every job's true table on every
-type (Sia's bootstrap; its profiling cost not charged). Hours; w1-w8: average JCT per workload.
+the daemon's rule (`profiles/types.py`: the job's own model, Pollux's T4 table, scaled to each type
+by the per-type prior `TYPE_SPEED`, then by what the job reports there; note that the prior's ratios are
+geometric means over Sia's and Gavel's tables, so here it was built partly from the tables the jobs run
+at); `:profiled` and the peers `sia` and `gavel`: every job's true table on every type (Sia's
+bootstrap; its profiling cost not charged). Hours; w1-w8: average JCT per workload.
 
 Published, Sia's Table 3 (its simulator, mean over Philly workloads): average JCT / p99 JCT / GPU-hours
 per job -- Sia 0.6 / 9.5 / 4.0, Pollux 1.0 / 14.9 / 5.6, Gavel (tuned jobs) 1.9 / 30.0 / 9.0.
@@ -254,9 +256,9 @@ Reading the table:
   charged: the job holds its GPUs for its restart time before it trains, as Pollux's simulator
   charges it; Sia's simulator builds on Pollux's).
 - *jobs moved (moves)*: jobs that started at least once on another type than their previous start, and
-  all such starts, summed over the workloads. Today no policy moves a job: a running job is pinned to
-  its pool (problem.py), and once started the job's gres type is pinned (planner `_pin`), so after a
-  requeue it may only start on that type again (issue 23 item 3, the "types" work).
+  all such starts, summed over the workloads. A running job may move to a type at least 10% faster per
+  GPU (`policies/_multipool.py` MOVE_MIN_GAIN), charged its restart as a resize is; the planner pins the new type
+  by partition or ExcNodeList, never by retyping the gres.
 - *held wrong > 30 min*: jobs that for more than 30 minutes ran at a size their true gain said was
   wrong: GPUs of their type idle, and growing onto them would have saved more of their remaining
   time than one restart costs (`sim/engine.py` `held_wrong`).

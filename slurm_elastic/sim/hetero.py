@@ -7,8 +7,8 @@ every job may run on any type and the policy chooses), through the daemon's own 
 policy -> planner -> ``SimulatedSlurm``). Every job *runs* at its app's measured table on the type it
 starts on (``profiles.pertype``); what the policy *knows* per type is the run's ``knowledge``:
 
-* ``job`` -- the daemon's default rule (``problem.gavel_model_for_type``): no per-type data for these
-  apps, so the job's own model (its ``profile=``, Pollux's T4 table) is used unscaled in every pool;
+* ``job`` -- the daemon's default rule (``profiles.types.model_on_type``): the job's own model (its
+  ``profile=``, Pollux's T4 table) scaled to each type by the per-type prior, then by its own reports;
 * ``profiled`` -- every job's true table on every type, as Sia's bootstrap profiles each job on each
   type (its cost not charged). The peers ``sia`` and ``gavel`` run ``profiled`` by default (both
   designs assume per-type throughputs); ``dp`` runs ``job`` unless the spec says ``dp:profiled``.
