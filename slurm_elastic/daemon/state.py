@@ -123,14 +123,23 @@ class DaemonLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            # The holder writes its pid just after it takes the lock: a daemon started at the same instant
+            # can read the file in between, so it waits briefly for the pid before naming "?".
+            holder = ""
+            for _ in range(20):
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                if holder:
+                    break
+                time.sleep(0.05)
+            holder = holder or "?"
             os.close(fd)
             raise LockHeld(
                 f"another slurm-elastic daemon (pid {holder}) is running with state dir {self.path.parent}; "
                 f"refusing to start a second one"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        pid = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, pid, 0)  # written before the truncation, so a reader never sees an empty file after a first run
+        os.ftruncate(fd, len(pid))
         self._fd = fd
 
     def release(self) -> None:

@@ -50,6 +50,23 @@ def test_only_one_daemon_per_state_dir(tmp_path):
     DaemonLock(tmp_path).acquire()  # free again once the first let go
 
 
+def test_a_daemon_started_at_the_same_instant_names_the_holders_pid(tmp_path):
+    """The holder writes its pid just after taking the lock; the loser, reading in between, waits for it
+    (seen live: two daemons spawned back to back, the loser said 'pid ?')."""
+    import fcntl
+    import threading
+
+    path = tmp_path / "daemon.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, the pid not written yet
+    threading.Timer(0.3, lambda: os.pwrite(fd, b"4242\n", 0)).start()
+    try:
+        with pytest.raises(LockHeld, match=r"daemon \(pid 4242\) is running"):
+            DaemonLock(tmp_path).acquire()
+    finally:
+        os.close(fd)
+
+
 def test_state_files_are_not_world_writable(tmp_path):
     db = StateDB(tmp_path / "state")
     db.close()
