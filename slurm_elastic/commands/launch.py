@@ -179,7 +179,8 @@ def launch(srun_bin, use_torchrun, command):
     say(f"start {restart}: training step ended with exit code {rc} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
     if rc != EXIT_CHECKPOINTED and not acked:
         sys.exit(rc if 0 <= rc < 256 else 1)
-    _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
+    if not acked:  # an ack on disk: the library's rank 0 said it in the job log before writing the ack
+        _explain_requeue(say, restart, ack_path(ckpt, job_id, restart))
     say(f"start {restart}: waiting to be requeued")
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     wait_s = int(env.get("ELASTIC_REQUEUE_WAIT", "60") or 60)

@@ -69,9 +69,10 @@ def test_stop_then_resubmit_continues_from_the_checkpoint(slurm_cluster, job_dir
         subprocess.run(["/usr/bin/scancel", str(j1)], env=c.env, capture_output=True, timeout=30, check=False)
     ckpt = job_dir / "elastic-ckpt" / str(j1)
     assert (ckpt / "checkpoint.pt").exists()
-    # The printed resubmission: the same spec with ckpt_dir pinned to the stopped job's directory.
+    # The printed resubmission: the same spec with ckpt_dir pinned to the stopped job's directory, and
+    # resume=must (issue 21: a continuation whose checkpoint is missing fails instead of starting over).
     comment = [w for w in r.stdout.split() if w.startswith("--comment=")][0].split("=", 1)[1]
-    assert comment.endswith(f"ckpt_dir={ckpt}")
+    assert comment.endswith(f"ckpt_dir={ckpt},resume=must"), comment
     j2 = c.sbatch([f"--export={_export(EXAMPLE)}", "-o", str(log2), f"--comment={comment}", "--nodes=1",
                    "--gres=gpu:1", str(TEMPLATE), *args], cwd=job_dir)
     try:
