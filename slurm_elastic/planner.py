@@ -34,7 +34,9 @@ Placement gate (when the driver passes ``node_free``, the free GPUs per node as 
 the planner places every action best-fit on that map, as Slurm would. A released job that Slurm has
 not started (``starting``) keeps its place if it fits; if it does not fit and has waited
 ``start_timeout_s``, it is held again (:class:`Hold`) and goes back to pending, so that a job Slurm
-cannot place (GPUs free in total but scattered over nodes) does not reserve GPUs forever. A start that
+cannot place (GPUs free in total but scattered over nodes) does not reserve GPUs forever. With several
+pools its place is looked for only on the nodes it was pinned to (``JobView.start_nodes``), and a job that
+does not fit there while the policy now puts it in another pool is held again at once, to start there. A start that
 cannot be placed at the policy's k starts at the largest allowed k' < k that can be placed and runs the
 same batch (``start_smaller``; off for gang-scheduled policies such as ``static``), else waits. A grow
 that cannot be placed is left for a later cycle. A shrink always fits in the GPUs it frees.
@@ -95,6 +97,9 @@ class JobView:
     gpus_per_node: int = 0  # its GPUs on each of those nodes
     stepped: bool | None = None  # has it reported a training step in its current start? None: unknown
     partitions: tuple[str, ...] = ()  # the partitions it may run in (several pools: which to pin it to)
+    # a released job (STARTING), several pools: the managed nodes the partition it was pinned to lets Slurm
+    # start it on (None: any). Its placement is checked there, not on the pools it was not released to.
+    start_nodes: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -327,8 +332,12 @@ def plan(
 
     # Released jobs Slurm has not started: reserve their placement; one that has waited past the
     # timeout and cannot be placed now is held again, and its GPUs go back to the pool.
+    # A job pinned to a pool where it no longer fits (a rigid job took the pool's GPUs between its release
+    # and its start) while the policy now places it in another pool is held again at once: it starts there
+    # next cycle instead of waiting, pinned, for the pool it was released to.
     if placer is not None:
         for v in waiting:
+            placer.only = v.start_nodes
             n, g = placer.shape(v, v.gpus)
             if placer.take(n, g) is not None:
                 continue
@@ -337,6 +346,11 @@ def plan(
                 committed -= v.gpus
                 actions[v.job_id] = Hold(v.job_id, v.gpus, f"Slurm could not place {v.gpus} GPUs in "
                                          f"{now - book.last_change_s:.0f}s; held again")
+            elif (elsewhere := _elsewhere(allocation.jobs.get(v.job_id), v, pool_by)) is not None:
+                committed -= v.gpus
+                actions[v.job_id] = Hold(v.job_id, v.gpus, f"no placement for {v.gpus} GPUs in the pool it was "
+                                         f"released to; held again, to start in {elsewhere}")
+        placer.only = None
 
     def take_slot(p: _Pending) -> bool:
         nonlocal in_flight, deferred
@@ -420,6 +434,15 @@ def _moves(a: JobAllocation, v: JobView, pool_by: Mapping) -> bool:
         return False
     there = {n for n, _ in pool.node_capacity}
     return not set(v.nodes) <= there
+
+
+def _elsewhere(a: JobAllocation | None, v: JobView, pool_by: Mapping) -> str | None:
+    """The pool the policy now gives released job ``v`` when that pool is not among the nodes it was
+    pinned to (``v.start_nodes``), else None."""
+    pool = pool_by.get(a.pool) if a is not None and a.gpus > 0 else None
+    if pool is None or v.start_nodes is None:
+        return None
+    return None if {n for n, _ in pool.node_capacity} <= v.start_nodes else pool.name
 
 
 def _pin(a: JobAllocation, v: JobView, pool_by: Mapping) -> dict:

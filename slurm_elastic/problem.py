@@ -548,8 +548,20 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
     known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
     stepped = (r.restart_count in facts.stepped_restarts) if known else None
     view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
-                   _submitted_to(r, cache).partitions)
+                   _submitted_to(r, cache).partitions, _start_nodes(r, shape) if status == STARTING else None)
     return req, view
+
+
+def _start_nodes(r: JobRecord, shape: _Shape) -> frozenset[str] | None:
+    """Several pools: the managed nodes released job ``r`` may start on as Slurm shows it now (the
+    partition it was pinned to); None with one pool."""
+    if len(shape.pools) < 2:
+        return None
+    try:
+        names = set(allowed_pools(r, shape.pools))
+    except SpecError:
+        return None
+    return frozenset(n for p in shape.pools if p.name in names for n in p.nodes)
 
 
 def _submitted_to(r: JobRecord, cache: SpecCache) -> JobRecord:

@@ -152,3 +152,28 @@ def test_grow_needs_a_placement_and_a_shrink_frees_its_nodes():
     # If s shrinks to 1 GPU, best fit puts it on n2's free GPU, n3 is whole again and g fits there.
     p = pl.plan(alloc(g=4, s=1), jobs, {}, 1000.0, capacity=12, node_size=4, node_free=free)
     assert kinds(p) == {"s": ("resize", 1), "g": ("resize", 4)}
+
+
+def test_released_job_pinned_to_a_pool_it_no_longer_fits_is_held_for_the_pool_the_policy_chose():
+    """Several pools: a job released to the fast pool, which a rigid job then took before Slurm started
+    it, is held again at once (not after the start timeout) when the policy now places it in the pool
+    that has room, so that it starts there next cycle; the free nodes of that other pool do not make it
+    look placeable where it was pinned. Within the pool it was released to it keeps its place."""
+    from slurm_elastic.policies.base import Pool
+
+    pools = [Pool("a100", "a100", ("a100",), (("n1", 4), ("n2", 4)), 4),
+             Pool("v100", "v100", ("v100",), (("n3", 4), ("n4", 4)), 4)]
+    jobs = [pl.JobView("a", pl.STARTING, 2, 8, 0.0, SPEC, partitions=("a100", "v100"),
+                       start_nodes=frozenset({"n3", "n4"}))]
+    books = {"a": pl.JobBook(last_change_s=0.0, seq=1)}
+    to_a100 = Allocation({"a": JobAllocation("a", 2, batch=8, local_batch=4, pool="a100")})
+    full_v100 = {"n1": 4, "n2": 4, "n3": 0, "n4": 0}
+    p = pl.plan(to_a100, jobs, books, 5.0, capacity=8, node_size=4, node_free=full_v100, pools=pools)
+    assert kinds(p) == {"a": ("hold", 2)} and "start in a100" in p.actions[0].reason and p.committed_gpus == 0
+    # where it was pinned still has room: it keeps its place (Slurm starts it there)
+    p = pl.plan(to_a100, jobs, books, 5.0, capacity=8, node_size=4, node_free={**full_v100, "n3": 2}, pools=pools)
+    assert kinds(p) == {"a": ("leave", None)} and p.committed_gpus == 2
+    # the policy keeps it in its pool: it waits there until the start timeout, as with one pool
+    to_v100 = Allocation({"a": JobAllocation("a", 2, batch=8, local_batch=4, pool="v100")})
+    p = pl.plan(to_v100, jobs, books, 5.0, capacity=8, node_size=4, node_free=full_v100, pools=pools)
+    assert kinds(p) == {"a": ("leave", None)}
