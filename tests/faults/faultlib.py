@@ -134,25 +134,108 @@ def jobs_by_id(cluster, ids, include_finished=True) -> dict:
     return {j.job_id: j for j in cluster.backend.list_jobs(include_finished=include_finished) if j.job_id in want}
 
 
+# useradd/userdel exit codes that mean another process held /etc/passwd or /etc/group (1: cannot lock or
+# update the password file, 10: the group file); another xdist worker (or another checkout's run) may be
+# adding or removing its own test users at the same moment.
+_LOCKED = (1, 10)
+
+
+def _shadow_tool(argv, retry_rc=_LOCKED, tries=30) -> subprocess.CompletedProcess:
+    """useradd/groupadd/userdel/groupdel, retried while it fails for a reason that passes (lock contention)."""
+    for _ in range(tries):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if r.returncode not in retry_rc:
+            return r
+        time.sleep(1)
+    return r
+
+
+def _stale_group(name: str):
+    """The group ``name`` if it exists with no members and is no user's primary group (a test user's group
+    that userdel left behind), else None."""
+    import grp
+    import pwd
+
+    try:
+        g = grp.getgrnam(name)
+    except KeyError:
+        return None
+    if g.gr_mem or any(p.pw_gid == g.gr_gid for p in pwd.getpwall()):
+        return None
+    return g
+
+
+@contextlib.contextmanager
+def _name_lock(names):
+    """One holder at a time per test user name on this machine: a second run of the same test (another
+    checkout's, another xdist worker's) waits instead of having the users deleted under its jobs."""
+    import fcntl
+
+    fds = []
+    try:
+        for u in sorted(set(names)):
+            fd = os.open(f"/run/lock/slurm-elastic-test-user.{u}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fds.append(fd)
+            deadline = time.monotonic() + 1800
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"test user {u} is still in use by another test run after 30 min") from None
+                    time.sleep(1)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _useradd(u: str) -> bool:
+    """Make the system user ``u``; False when it exists already (made by someone else meanwhile). A
+    leftover group of the same name (no members, no user's primary group) becomes its primary group."""
+    import pwd
+
+    argv = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+    if _stale_group(u) is not None:
+        argv += ["--gid", u]
+    r = _shadow_tool([*argv, u])
+    if r.returncode == 9:  # name in use: made meanwhile, or its group appeared meanwhile
+        try:
+            pwd.getpwnam(u)
+            return False
+        except KeyError:
+            if _stale_group(u) is not None and "--gid" not in argv:
+                r = _shadow_tool([*argv, "--gid", u, u])
+    if r.returncode != 0:
+        raise RuntimeError(f"useradd {u} failed (exit {r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+    return True
+
+
+def _userdel(u: str) -> None:
+    """Remove the test user ``u`` (retried for a while: its cancelled jobs may still be ending) and its
+    group if userdel left it behind unused."""
+    _shadow_tool(["userdel", u], retry_rc=(1, 8, 10))  # 8: the user still has processes
+    if _stale_group(u) is not None:
+        _shadow_tool(["groupdel", u])
+
+
 @contextlib.contextmanager
 def unix_users(names):
     """Unprivileged test users (useradd --system), created if missing and removed afterwards (only those
-    created here). userdel is retried for a while: the users' cancelled jobs may still be ending."""
+    created here, also when a later one cannot be made). Held under a per-name lock for the duration."""
     import pwd
 
-    created = []
-    for u in names:
+    with _name_lock(names):
+        created = []
         try:
-            pwd.getpwnam(u)
-        except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u],
-                           check=True, capture_output=True, timeout=30)
-            created.append(u)
-    try:
-        yield {u: pwd.getpwnam(u) for u in names}
-    finally:
-        for u in created:
-            for _ in range(30):
-                if subprocess.run(["userdel", u], capture_output=True, timeout=30, check=False).returncode in (0, 6):
-                    break
-                time.sleep(1)
+            for u in names:
+                try:
+                    pwd.getpwnam(u)
+                except KeyError:
+                    if _useradd(u):
+                        created.append(u)
+            yield {u: pwd.getpwnam(u) for u in names}
+        finally:
+            for u in created:
+                _userdel(u)

@@ -23,11 +23,16 @@ from tests.chroot_paths import chroot_users, same_path_on_host
 
 pytestmark = [pytest.mark.slurm]
 USERS = ("h24c_f", "h24c_h")
+MANAGED_GPUS = 8  # lua_cluster's partition gpu: node1, node2 x 4 GPUs
 SPEC = "elastic:min_gpus=1,max_gpus=4,min_batch=64,max_batch=1024,max_local_batch=256,batch=64"
-# A job step that acknowledges the daemon's stop as the in-job library does (stop-ack.<job>.<restart>.json
-# in its ckpt dir, then exit), so the daemon can resize it; $1 is the ckpt dir.
+# A job step that reports its first step and acknowledges the daemon's stop as the in-job library does
+# (throughput.json ``starts`` for this restart: the planner resizes no job before its first step at its
+# size, for settle_timeout_s; stop-ack.<job>.<restart>.json in its ckpt dir, then exit), so the daemon can
+# resize it; $1 is the ckpt dir as the job sees it.
 ACKING = """#!/bin/bash
 srun --ntasks=1 bash -c '
+r=${SLURM_RESTART_COUNT:-0}; t="$0/throughput.json.tmp"
+printf "{\\"format\\": 1, \\"starts\\": [{\\"restart_count\\": %s, \\"first_step\\": %s}]}" "$r" "$(date +%s)" > "$t" && mv "$t" "$0/throughput.json"
 ack() { r=${SLURM_RESTART_COUNT:-0}; f="$0/stop-ack.$SLURM_JOB_ID.$r.json";
         printf "{\\"job_id\\": \\"%s\\", \\"restart_count\\": %s}" "$SLURM_JOB_ID" "$r" > "$f.tmp" && mv "$f.tmp" "$f"; exit 0; }
 trap ack USR2; while :; do sleep 1; done' "$1"
@@ -70,7 +75,7 @@ def _submit(c, user, d: Path, spec=SPEC, script=None, *extra) -> int:
     argv = [f"--comment={spec},ckpt_dir={c.inside(d)}", "--requeue", "--gres=gpu:1", "-o", "/dev/null", "--partition=gpu",
             *extra, str(script or c.script)]
     if script is not None:
-        argv.append(str(d))
+        argv.append(c.inside(d))
     return c.sbatch(argv, cwd=d, user=user)
 
 
@@ -225,10 +230,21 @@ def test_a_running_job_whose_spec_turns_invalid_is_still_shrunk_for_others(lua_c
                 sizes.append(recs[big].gpus_total)
             return recs[other].is_running and recs
 
-        recs = wait_for(placed, 120, "the other user's job to start (the edited job shrunk for it)")
-        assert max(sizes) <= start_gpus, sizes  # never grown
+        try:
+            recs = wait_for(placed, 120, "the other user's job to start (the edited job shrunk for it)")
+        except AssertionError as e:
+            v = _views(d)
+            raise AssertionError(f"{e}: sizes {sizes}; edited: {v.get(big)}; other: {v.get(other)}") from None
         assert recs[big].is_active and not recs[big].held or recs[big].is_pending, recs[big]
-        reliability.figure("GPUs of the edited job before / after", f"{start_gpus} / {min(sizes) if sizes else 0}")
+        # the edited job restarts at its shrunk size beside the other job (it may be between its stop and
+        # its restart when the other job starts)
+        room = min(start_gpus, MANAGED_GPUS - recs[other].gpus_total)
+        after = wait_for(lambda: placed() and (r := jobs_by_id(c, [big])[big]).is_running and r.gpus_total, 90,
+                         "the edited job to run again, shrunk")
+        assert 0 < after <= room, (after, room)
+        assert all(k <= start_gpus for k in sizes), sizes  # never grown
+        reliability.figure("GPUs of the edited job before / after", f"{start_gpus} / {after}")
+        recs = jobs_by_id(c, [big, other])
         reliability.jobs(lost=sum(1 for j in recs.values() if not j.is_active), left_held=0)
         assert all(j.is_active for j in recs.values())
     finally:
