@@ -76,6 +76,7 @@ def free_ports(count: int, start: int) -> int:
     import fcntl
 
     from slurm_elastic.cluster import ClusterError, port_free
+    from slurm_elastic.daemon.lease import _pid_alive
 
     d = Path(tempfile.gettempdir()) / f"slurm-elastic-test-ports-{os.getuid()}"
     try:
@@ -92,7 +93,7 @@ def free_ports(count: int, start: int) -> int:
             taken = {int(p): int(pid) for p, pid in json.loads(path.read_text()).items()}
         except (OSError, ValueError, AttributeError):
             taken = {}
-        taken = {p: pid for p, pid in taken.items() if _pid_running(pid)}
+        taken = {p: pid for p, pid in taken.items() if _pid_alive(pid)}
         port = start
         while port + count < 40000:
             block = range(port, port + count)
@@ -104,16 +105,6 @@ def free_ports(count: int, start: int) -> int:
                 return port
             port += count
     raise ClusterError(f"no block of {count} free ports from {start}")
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def slurm_unavailable_reason() -> str | None:
