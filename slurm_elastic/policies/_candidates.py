@@ -104,6 +104,8 @@ def make_candidates(
     thrash_cap: float = 0.5,
     rank_cap: float = float("inf"),
     age_credit: float = 0.0,
+    credit_cap: float = float("inf"),
+    inferred: dict | None = None,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
@@ -234,9 +236,11 @@ def make_candidates(
     run_a = np.array([running[j] for j in dp_list], dtype=np.int64)
     ns = problem.node_size
     cur_rate = {j: _current_value(jobs[j], ns, effs[j][0]) for j in dp_list if running[j] > 0}
-    remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s) for j in dp_list])
+    inferred = inferred or {}
+    remaining = np.array([_remaining_s(jobs[j], refs[j], problem.horizon_s, inferred.get(j)) for j in dp_list])
     if objective == "completion" and age_credit > 0:  # the tail bound: ranked as if shorter with age (_scale)
-        remaining = remaining - age_credit * np.array([max(0.0, jobs[j].age_s or 0.0) for j in dp_list])
+        credit = age_credit * np.array([max(0.0, jobs[j].age_s or 0.0) for j in dp_list])
+        remaining = remaining - np.minimum(credit, credit_cap * remaining)
     if realloc not in REALLOCS:
         raise ValueError(f"realloc must be one of {REALLOCS}, not {realloc!r}")
 
@@ -360,13 +364,16 @@ def _current_value(req, node_size: int, eff) -> float | None:
     return cur * float(eff(np.array([req.running_batch], dtype=np.float64))[0])
 
 
-def _remaining_s(req, ref_value: float, horizon_s: float) -> float:
+def _remaining_s(req, ref_value: float, horizon_s: float, inferred_gpu_s: float | None = None) -> float:
     """Remaining time of a job at its reference count: its reported remaining work / reference rate;
-    unknown work: as long as it has already run at its minimum (least attained service, as Tiresias),
-    at least one horizon."""
+    unknown work: what jobs of its model that ended had left at its attained service (``inferred_gpu_s``,
+    policies/_sizes), over its minimum; else as long as it has already run at its minimum (least attained
+    service, as Tiresias), at least one horizon."""
     if req.remaining_samples is not None and ref_value > 0:
         return max(1.0, float(req.remaining_samples) / ref_value)
     kmin = max(1, req.spec.min_gpus)
+    if inferred_gpu_s is not None:
+        return max(1.0, inferred_gpu_s / kmin)
     return max(horizon_s, req.attained_gpu_s / kmin)
 
 

@@ -65,7 +65,8 @@ class DPPolicy(Policy):
                  placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
                  backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm",
                  realloc: str = "life", thrash_cap: float = 0.5, rank_cap: float = float("inf"),
-                 fills: int = 0, age_credit: float = 0.0):
+                 fills: int = 0, age_credit: float = 4.0, credit_cap: float = 0.97,
+                 infer: bool | str = True):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)
@@ -97,6 +98,16 @@ class DPPolicy(Policy):
         self.age_credit = float(age_credit)
         if not 0 <= self.age_credit < float("inf"):
             raise ValueError(f"age_credit must be a finite number >= 0, not {age_credit!r}")
+        self.credit_cap = float(credit_cap)
+        if not 0 <= self.credit_cap:
+            raise ValueError(f"credit_cap must be a number >= 0, not {credit_cap!r}")
+        if isinstance(infer, str):  # "dp:infer=1"
+            if infer.lower() not in ("0", "1", "true", "false", "yes", "no", "pooled"):
+                raise ValueError(f"infer must be a boolean or 'model', not {infer!r}")
+            infer = "pooled" if infer.lower() == "pooled" else infer.lower() in ("1", "true", "yes")
+        from slurm_elastic.policies._sizes import SizeHistory
+
+        self.sizes = SizeHistory(pooled=infer == "pooled") if infer else None  # what jobs that report no work left are inferred to have
         self.admission = admission
         self.starvation_s = float(starvation_s)
         self.objective = objective
@@ -111,8 +122,21 @@ class DPPolicy(Policy):
         several pools: p-norm values are per pool there (``_multipool``), blind to a faster GPU type."""
         if self.objective != "completion" or self.unranked != "pnorm" or not problem.jobs or len(problem.pools) > 1:
             return self.objective
-        known = sum(r.remaining_samples is not None for r in problem.jobs)
+        known = len(self._inferred(problem)) + sum(r.remaining_samples is not None for r in problem.jobs)
         return "completion" if 2 * known >= len(problem.jobs) else "pnorm"
+
+    def _inferred(self, problem: AllocationProblem) -> dict[int, float]:
+        """Job index -> GPU-seconds left, inferred from ended jobs of its model, for jobs that report none
+        (``infer``; policies/_sizes)."""
+        if self.sizes is None:
+            return {}
+        out = {}
+        for j, r in enumerate(problem.jobs):
+            if r.remaining_samples is None:
+                est = self.sizes.remaining_gpu_s(r.spec.profile, r.attained_gpu_s)
+                if est is not None:
+                    out[j] = est
+        return out
 
     def candidates(self, problem: AllocationProblem) -> Candidates:
         """Admission and the knapsack's choice arrays (the benchmark solves these with every solver)."""
@@ -124,13 +148,16 @@ class DPPolicy(Policy):
                                starvation_s=self.starvation_s, efficiency=eff, objective=value,
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
                                round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
-                               rank_cap=self.rank_cap, age_credit=self.age_credit)
+                               rank_cap=self.rank_cap, age_credit=self.age_credit, credit_cap=self.credit_cap,
+                               inferred=self._inferred(problem))
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         with gc_paused():
             return self._allocate(problem)
 
     def _allocate(self, problem: AllocationProblem) -> Allocation:
+        if self.sizes is not None:  # jobs gone since the last cycle: sizes jobs of their models end at
+            self.sizes.observe(problem.jobs)
         if len(problem.pools) > 1:  # several pools (issue 13): policies/_multipool.py
             from slurm_elastic.policies._multipool import allocate_pools
 
@@ -140,7 +167,9 @@ class DPPolicy(Policy):
             joint = DPPolicy(admission="joint", starvation_s=float("inf"), objective=objective, unranked="las",
                              restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
                              round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
-                             rank_cap=self.rank_cap, age_credit=self.age_credit)
+                             rank_cap=self.rank_cap, age_credit=self.age_credit, credit_cap=self.credit_cap,
+                             infer=False)
+            joint.sizes = self.sizes  # the history is this policy's, kept across cycles
             return allocate_pools(problem, joint.candidates, admission=self.admission, starvation_s=self.starvation_s,
                                   objective=value, placement=self.placement, name=self.name)
         t0 = time.perf_counter()

@@ -1,0 +1,85 @@
+"""What a job that reports no remaining work has left, inferred from the jobs of its model that ended.
+
+Many jobs never say how much work they have left. The scheduler still sees two things it need not take
+on trust: the GPU-seconds each job has had (its attained service, counted by the daemon) and the model
+its spec names (``profile``, the same name that picks its throughput profile). Jobs of one model tend to
+be alike in size (a cifar10 run is short, an imagenet run long), so the sizes the cluster has seen jobs
+of a model end at are a distribution for the next one: a job of that model that has had ``a`` GPU-seconds
+is expected to need ``E[S - a | S > a]`` more, over the sizes S of ended jobs of its model larger than
+``a`` (mean residual life, the estimate behind Gittins-index scheduling of jobs of unknown size).
+
+Nothing a job says buys it a shorter estimate: a job that outlives every ended job of its model has no
+estimate (the caller falls back to least attained service: as long again as it has run), so naming a
+model of short jobs gains a job at most the largest size such jobs have ended at; and only jobs the
+scheduler saw running and then saw gone are counted. The history is in memory: it starts empty when
+the daemon starts (the estimate is then unknown, as before) and keeps the last ``keep`` sizes per model.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+ALL = ""  # the key of every model's ended jobs together (no model is named "")
+
+
+class SizeHistory:
+    """Per model, the GPU-seconds jobs had when they ended; from them, a running job's expected rest."""
+
+    def __init__(self, keep: int = 200, min_ended: int = 1, pooled: bool = False):
+        self.keep = int(keep)
+        self.pooled = pooled  # also every model's ended jobs together, for a model with none (measured worse)
+        self.min_ended = int(min_ended)  # fewer ended jobs of a model than this: no estimate
+        self._ended: dict[str, OrderedDict] = {}  # model -> job id -> GPU-seconds it ended at, oldest first
+        self._sorted: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # sizes ascending, suffix sums
+        self._seen: dict = {}  # job id -> (model, attained GPU-s) at the last call
+
+    def observe(self, jobs) -> None:
+        """One scheduling cycle's jobs: a job seen with GPU-seconds last call and absent now has ended
+        (completed, failed or cancelled: what it ran is what a job of its model may run). A job seen
+        again (left out of one call, e.g. by a per-user cap's re-solve) is taken back out."""
+        now = {}
+        for r in jobs:
+            model = r.spec.profile
+            if model and r.attained_gpu_s > 0:
+                now[r.job_id] = (model, float(r.attained_gpu_s))
+        for jid, (model, _) in now.items():
+            if jid not in self._seen:
+                for key in (model, ALL):
+                    if self._ended.get(key, {}).pop(jid, None) is not None:
+                        self._sorted.pop(key, None)
+        for jid, (model, gpu_s) in self._seen.items():
+            if jid not in now:
+                for key in (model, ALL):
+                    q = self._ended.setdefault(key, OrderedDict())
+                    q[jid] = gpu_s
+                    if len(q) > self.keep:
+                        q.popitem(last=False)
+                    self._sorted.pop(key, None)
+        self._seen = now
+
+    def remaining_gpu_s(self, model: str | None, attained_gpu_s: float) -> float | None:
+        """``E[S - a | S > a]`` over the ended sizes S of ``model``, else (fewer than ``min_ended`` of its
+        jobs ended, or none larger than ``a``) over every ended job's (``pooled``); else None."""
+        est = self._residual(model, attained_gpu_s) if model else None
+        if est is None and self.pooled:
+            est = self._residual(ALL, attained_gpu_s)
+        return est
+
+    def _residual(self, model: str, attained_gpu_s: float) -> float | None:
+        q = self._ended.get(model)
+        if q is None or len(q) < self.min_ended:
+            return None
+        s = self._sorted.get(model)
+        if s is None:
+            sizes = np.sort(np.fromiter(q.values(), dtype=np.float64))
+            suffix = np.concatenate([np.cumsum(sizes[::-1])[::-1], [0.0]])
+            s = self._sorted[model] = (sizes, suffix)
+        sizes, suffix = s
+        a = float(attained_gpu_s)
+        i = int(np.searchsorted(sizes, a, side="right"))
+        n = sizes.size - i
+        if n <= 0:
+            return None
+        return float(suffix[i] / n - a)
