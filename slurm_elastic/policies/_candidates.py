@@ -118,7 +118,10 @@ def make_candidates(
     ``age_credit``: under ``completion``, a job is ranked as if it had ``age_credit`` seconds less work left
     per second it has been in the system (its age), so a newer, shorter job outranks an older one only
     while their remaining times differ by more than ``age_credit`` x the older one's extra age: what
-    short jobs may take from long ones is bounded (issue 23 item 7, tails).
+    short jobs may take from long ones is bounded (issue 23 item 7, tails); ``credit_cap``: the credit is at
+    most that share of the job's remaining time, so a job at least ``1 / (1 - credit_cap)`` times shorter
+    still outranks it, however old (inf: uncapped). ``inferred``: job index -> GPU-seconds left, inferred for
+    jobs that report no work left (policies/_sizes), used for their remaining time over their minimum.
     ``realloc="pollux"``: instead, Pollux's re-allocation factor (OSDI'21 section 4.2),
     ``max(0, (T - S d) / (T + d))`` with T the job's age, S its rescales so far and d its restart time
     (:func:`_pollux_factor`; the share rule where the age is unknown).

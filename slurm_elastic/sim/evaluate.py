@@ -40,23 +40,27 @@ POLLUX_PUBLISHED = {"workloads": (0.580, 0.923, 0.608, 0.756, 0.743),
 PEERS = ("dp", "pollux-dp", "fixed-batch", "tiresias", "static")
 VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput speedups)"),
             ("dp:objective=pnorm", "dp, objective pnorm (p = -1, speedup over minimum)"),
-            ("dp:noprogress", "dp (completion) when jobs report no progress (p-norm of speedups then)"),
-            ("dp:unranked=las,noprogress", "dp (completion) when jobs report no progress: ranked by attained service"),
+            ("dp:noprogress", "dp (completion) when jobs report no progress (work left inferred from ended jobs of "
+                              "their model)"),
+            ("dp:infer=0,noprogress", "dp when jobs report no progress, nothing inferred (p-norm of speedups then)"),
+            ("dp:infer=0,unranked=las,noprogress", "dp when jobs report no progress, nothing inferred: ranked by "
+                                                   "attained service"),
             ("dp:admission=priority", "dp, priority admission (every pending job whose minimum fits starts)"),
             ("dp:round_trip=1", "dp, round trip (a grow also pays the restart back to its minimum)"),
             ("dp:trusting", "dp with every report trusted as it comes (no trust rule: slurm_elastic.claims)"),
             ("dp:ownusers", "dp, every job its own user (no history: a waiting job's claim never counts)"),
             ("dp:restart_margin=1,tenure=0,backoff=0,round_trip=0",
              "dp, rescale stability off (restart over its expected life, no anti-thrash share)"),
-            ("dp:age_credit=4", "dp, age credit 4 (ranked as if 4 s shorter per second of age: bounds what short "
-                                "jobs take from long ones)"),
+            ("dp:age_credit=0", "dp, no age credit (pure SRPT ranks; the default before this change)"),
+            ("dp:credit_cap=inf", "dp, age credit 4 uncapped (an old job may outrank any shorter one)"),
             ("dp:realloc=share", "dp, the old restart charge (margin x (1 + backoff x rescales) x restart / "
                                  "min(horizon, remaining, held); before issue 23)"))
 
 # When no job reports the work it has left (a user's loop that does not say its dataset size and
 # epochs; a simulator that passes no progress): what `completion` falls back to, at both loads.
-NO_PROGRESS = (("dp:noprogress", "p-norm of speedups over the minimum (default fallback)"),
-               ("dp:unranked=las,noprogress", "completion ranked by attained service (LAS)"))
+NO_PROGRESS = (("dp:noprogress", "work left inferred from ended jobs of the model (default; policies/_sizes)"),
+               ("dp:infer=0,noprogress", "nothing inferred: p-norm of speedups over the minimum (before)"),
+               ("dp:infer=0,unranked=las,noprogress", "nothing inferred: completion ranked by attained service (LAS)"))
 
 
 # What the trust rule (slurm_elastic.claims) costs honest jobs, at both loads.
@@ -154,7 +158,8 @@ def tasks(pollux: str) -> list:
     out += [("goodput", v, "workloads", n, pollux) for v, _ in RESTARTS for n in range(1, 6)]
     out += [("goodput", v, "workloads", n, pollux) for v, _ in VARIANTS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
-    out += [("goodput", "dp:age_credit=4", "workloads-2.0", n, pollux) for n in range(1, 6)]
+    out += [("goodput", v, "workloads-2.0", n, pollux) for v in ("dp:age_credit=0", "dp:credit_cap=inf")
+            for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
     return out
 
@@ -393,8 +398,9 @@ def document(R: dict, minutes: float) -> str:
     out.append(_both_loads_table(R, NO_PROGRESS, "fallback"))
     out.append("Age credit at 2x load (`workloads-2.0/`, means over workloads 1-5; lower is better):\n")
     rows = []
-    for spec, label in (("dp", "dp (default: pure SRPT ranks)"), ("dp:age_credit=4", "dp, age credit 4"),
-                        ("pollux-dp", "pollux-dp")):
+    for spec, label in (("dp", "dp (default: age credit 4, at most 97% of what a job has left)"),
+                        ("dp:age_credit=0", "dp, pure SRPT ranks (before)"),
+                        ("dp:credit_cap=inf", "dp, age credit 4 uncapped"), ("pollux-dp", "pollux-dp")):
         ms = [R.get(("goodput", spec, "workloads-2.0", n)) for n in range(1, 6)]
         if all(ms):
             rows.append([label, h(_mean([m["avg_jct_s"] for m in ms])), h(_mean([m["p95_jct_s"] for m in ms])),
@@ -511,12 +517,18 @@ PEERS_NOTE = """
 
 OBJECTIVE_NOTE = """
 `completion` values job j on k GPUs at `weight x rank_j x goodput speedup_j(k)`, rank_j the number of
-optimised jobs expected to finish no earlier than j (by remaining time from the work it reports; by
-attained service when it reports none): in a shortest-remaining-first schedule a delay of j delays all
-of them (heSRPT's rank weighting, a sum of per-job terms, so the DP is exact). When fewer than half of
-the jobs report their remaining work the ranks would be mostly guesses, and the values are the p-norm
-(p = -1) of speedups over each job's minimum instead (`dp:unranked=las` keeps ranking by attained
-service; the table after the verdict compares the two). Admission is `joint`:
+optimised jobs expected to finish no earlier than j (by remaining time from the work it reports): in a
+shortest-remaining-first schedule a delay of j delays all of them (heSRPT's rank weighting, a sum of
+per-job terms, so the DP is exact). Ranks age: a job ranks as if it had 4 s less left per second since
+its submission, by at most 97% of what it has left (`age_credit`, `credit_cap`), so a job that has waited
+is passed only by jobs with less than 3% of its remaining work: what short jobs may take from long ones
+is bounded (p95 JCT), while a new short job still passes an old long one (finish-time fairness). A job
+that reports no work left is ranked by what jobs of its model (its spec's `profile`) that ended had
+left at its attained GPU-seconds (`E[S - a | S > a]`, mean residual life, `policies/_sizes.py`; nothing
+it claims counts: one that outlives them all is ranked by attained service). When fewer than half of
+the jobs have a reported or inferred remaining work the ranks would be mostly guesses, and the values
+are the p-norm (p = -1) of speedups over each job's minimum instead (`dp:infer=0` infers nothing; the
+table after the verdict compares these). Admission is `joint`:
 a pending job starts when its GPUs are worth more to it than to the running jobs (short jobs first),
 except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
 wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps
@@ -524,9 +536,9 @@ wait at most that long, and every running job keeps its minimum. Stability: a re
 life, `thrash = 8 x (1 + 0.15 x rescales) x restart_s / held` at most 0.5 (`held`: the time it has held
 its size; section 5). The `old restart charge` row is the rule before issue 23 (`1 - 8 x (1 + 0.15 x
 rescales) x restart_s / min(horizon, remaining, held)`): at 30 s the two are close, at 250 s and more
-they are not (section 5). The `age credit` row ranks a job as if it had 4 s less work left per second
-of its age (a bound on what short jobs take from long ones): lower p95 JCT, but old jobs then hold
-short ones back (finish-time fairness, and the 2x rows below); not the default. The
+they are not (section 5). The `no age credit` row is pure SRPT ranks (the default before): longer p95
+JCT. The `uncapped` row lets an old job outrank any shorter one: old jobs then hold short ones back
+(finish-time fairness at 2x load, the rows below). The
 `round trip` row charges a grow also that share of the job's value at its minimum (the GPUs a grow
 takes are the ones the next admission reclaims, and a reclaimed job goes back to its minimum, a second
 restart that the grow causes): fewer rescales, for a longer average and p95 JCT, so it is not the

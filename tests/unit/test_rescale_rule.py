@@ -150,18 +150,24 @@ def test_reasons_name_the_cause():
 
 def test_age_credit_bounds_what_short_jobs_take_from_long_ones():
     # two running jobs on 2 of 4 GPUs; the one with little left outranks the long one, unless the long one
-    # is old enough: ranked as if it had 4 s less left per second of age
+    # is old enough: ranked as if it had 4 s less left per second of age, by at most 97% of what it has left
+    from dataclasses import replace
     s = spec(max_gpus=3, batch=64)
     long_old = job(0, s, running=1, batch=64, remaining_samples=5e6, age_s=0.0, held_s=1e5)
     short = job(1, s, running=1, batch=64, remaining_samples=1e5, age_s=0.0, held_s=1e5)
-    young = get_policy("dp", age_credit=4).candidates(AllocationProblem(4, 4, (long_old, short)))
-    assert young.values[young.offsets[1]] > young.values[young.offsets[0]]  # SRPT: the short job ranks first
-    from dataclasses import replace
-    aged = get_policy("dp", age_credit=4).candidates(AllocationProblem(4, 4, (replace(long_old, age_s=36000.0),
-                                                                             short)))
-    assert aged.values[aged.offsets[0]] > aged.values[aged.offsets[1]]  # 10 h old: it ranks first now
-    pure = get_policy("dp").candidates(AllocationProblem(4, 4, (replace(long_old, age_s=36000.0),
-                                                                             short)))
-    assert pure.values[pure.offsets[1]] > pure.values[pure.offsets[0]]
+
+    def first(policy, *jobs):  # the index of the job whose keep-choice is worth more (ranks higher)
+        c = policy.candidates(AllocationProblem(4, 4, jobs))
+        return int(c.values[c.offsets[0]] < c.values[c.offsets[1]])
+
+    assert first(get_policy("dp"), long_old, short) == 1  # young: SRPT, the short job ranks first
+    aged = replace(long_old, age_s=36000.0)
+    assert first(get_policy("dp", credit_cap=float("inf")), aged, short) == 0  # uncapped: 10 h old ranks first
+    # capped (the default): a job 50x shorter still passes it, however old it is; one 10x shorter does not
+    assert first(get_policy("dp"), aged, short) == 1
+    assert first(get_policy("dp"), aged, replace(short, remaining_samples=5e5)) == 0
+    assert first(get_policy("dp", age_credit=0), aged, replace(short, remaining_samples=5e5)) == 1  # pure SRPT
     with pytest.raises(ValueError, match="age_credit"):
         get_policy("dp", age_credit=-1)
+    with pytest.raises(ValueError, match="credit_cap"):
+        get_policy("dp", credit_cap=float("nan"))
