@@ -540,6 +540,7 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
         age_s=age,
         noise_scale=getattr(model, "noise_scale", None),
         base_batch=getattr(model, "base_batch", None),
+        user=r.user or "",
     )
     on = tuple(n for n in r.nodes if n in shape.names) if r.is_running else ()
     if on:

@@ -8,10 +8,12 @@ of a model end at are a distribution for the next one: a job of that model that 
 is expected to need ``E[S - a | S > a]`` more, over the sizes S of ended jobs of its model larger than
 ``a`` (mean residual life, the estimate behind Gittins-index scheduling of jobs of unknown size).
 
-Nothing a job says buys it a shorter estimate: a job that outlives every ended job of its model has no
-estimate (the caller falls back to least attained service: as long again as it has run), so naming a
-model of short jobs gains a job at most the largest size such jobs have ended at; and only jobs the
-scheduler saw running and then saw gone are counted. The history is in memory: it starts empty when
+Nothing a job says buys it a shorter estimate from anyone else's jobs: the history is kept per user and
+model, so a job learns only from its own user's ended jobs of the model it names (naming another user's
+short model finds nothing); a job that outlives every ended job of its key has no estimate (the caller
+falls back to least attained service: as long again as it has run), so a user who seeds the history
+with short jobs of a model, paying for them, gains a long job at most the largest size those ended at;
+and only jobs the scheduler saw running and then saw gone are counted. The history is in memory: it starts empty when
 the daemon starts (the estimate is then unknown, as before) and keeps the last ``keep`` sizes per model.
 """
 
@@ -21,7 +23,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-ALL = ""  # the key of every model's ended jobs together (no model is named "")
+ALL = ""  # the model key of every model's ended jobs together, per user (no model is named "")
 
 
 class SizeHistory:
@@ -31,9 +33,9 @@ class SizeHistory:
         self.keep = int(keep)
         self.pooled = pooled  # also every model's ended jobs together, for a model with none (measured worse)
         self.min_ended = int(min_ended)  # fewer ended jobs of a model than this: no estimate
-        self._ended: dict[str, OrderedDict] = {}  # model -> job id -> GPU-seconds it ended at, oldest first
-        self._sorted: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # sizes ascending, suffix sums
-        self._seen: dict = {}  # job id -> (model, attained GPU-s) at the last call
+        self._ended: dict[tuple, OrderedDict] = {}  # (user, model) -> job id -> GPU-s it ended at, oldest first
+        self._sorted: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # sizes ascending, suffix sums
+        self._seen: dict = {}  # job id -> ((user, model), attained GPU-s) at the last call
 
     def observe(self, jobs) -> None:
         """One scheduling cycle's jobs: a job seen with GPU-seconds last call and absent now has ended
@@ -43,15 +45,15 @@ class SizeHistory:
         for r in jobs:
             model = r.spec.profile
             if model and r.attained_gpu_s > 0:
-                now[r.job_id] = (model, float(r.attained_gpu_s))
-        for jid, (model, _) in now.items():
+                now[r.job_id] = ((r.user, model), float(r.attained_gpu_s))
+        for jid, (key0, _) in now.items():
             if jid not in self._seen:
-                for key in (model, ALL):
+                for key in (key0, (key0[0], ALL)):
                     if self._ended.get(key, {}).pop(jid, None) is not None:
                         self._sorted.pop(key, None)
-        for jid, (model, gpu_s) in self._seen.items():
+        for jid, (key0, gpu_s) in self._seen.items():
             if jid not in now:
-                for key in (model, ALL):
+                for key in (key0, (key0[0], ALL)):
                     q = self._ended.setdefault(key, OrderedDict())
                     q[jid] = gpu_s
                     if len(q) > self.keep:
@@ -59,15 +61,16 @@ class SizeHistory:
                     self._sorted.pop(key, None)
         self._seen = now
 
-    def remaining_gpu_s(self, model: str | None, attained_gpu_s: float) -> float | None:
-        """``E[S - a | S > a]`` over the ended sizes S of ``model``, else (fewer than ``min_ended`` of its
-        jobs ended, or none larger than ``a``) over every ended job's (``pooled``); else None."""
-        est = self._residual(model, attained_gpu_s) if model else None
+    def remaining_gpu_s(self, user: str, model: str | None, attained_gpu_s: float) -> float | None:
+        """``E[S - a | S > a]`` over the ended sizes S of ``user``'s jobs of ``model``, else (fewer than
+        ``min_ended`` of them ended, or none larger than ``a``) over all of ``user``'s ended jobs
+        (``pooled``); else None."""
+        est = self._residual((user, model), attained_gpu_s) if model else None
         if est is None and self.pooled:
-            est = self._residual(ALL, attained_gpu_s)
+            est = self._residual((user, ALL), attained_gpu_s)
         return est
 
-    def _residual(self, model: str, attained_gpu_s: float) -> float | None:
+    def _residual(self, model: tuple, attained_gpu_s: float) -> float | None:
         q = self._ended.get(model)
         if q is None or len(q) < self.min_ended:
             return None

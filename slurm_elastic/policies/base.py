@@ -53,6 +53,9 @@ class JobRequest:
     # Its spec per pool whose GPU type has its own per-GPU batch limit (issue 23, spec
     # ``local_batch_by_type``); other pools use ``spec``.
     pool_specs: tuple[tuple[str, ElasticSpec], ...] = ()
+    # Who submitted it ("" unknown): what is learned from a user's ended jobs informs only that user's
+    # (policies/_sizes), so naming another user's model buys nothing.
+    user: str = ""
 
     @property
     def is_running(self) -> bool:

@@ -139,7 +139,7 @@ class DPPolicy(Policy):
         out = {}
         for j, r in enumerate(problem.jobs):
             if r.remaining_samples is None:
-                est = self.sizes.remaining_gpu_s(r.spec.profile, r.attained_gpu_s)
+                est = self.sizes.remaining_gpu_s(r.user, r.spec.profile, r.attained_gpu_s)
                 if est is not None:
                     out[j] = est
         return out
