@@ -23,6 +23,9 @@ Rules, applied to each job of the problem in priority order:
    The cooldown is the minimum dwell on top of that.
    Shrinks are planned before grows, because they return GPUs.
 5. **Pending, policy gives k > 0**: a :class:`Start` at k GPUs.
+6. **Running, its start cannot go on** (``JobView.restart``: its step ran out of memory at its batch):
+   restarted now at the policy's choice (the learned batch limit is in its spec), even at the same GPU
+   count, in cooldown or before its first step; with 0 GPUs a :class:`Preempt` (its tasks are gone).
 
 Capacity gate: the planner never commits more GPUs than ``capacity``. Committed GPUs are those of
 running jobs at their current size, plus in-flight jobs at their target. Shrinks are committed first
@@ -100,6 +103,9 @@ class JobView:
     # a released job (STARTING), several pools: the managed nodes the partition it was pinned to lets Slurm
     # start it on (None: any). Its placement is checked there, not on the pools it was not released to.
     start_nodes: frozenset[str] | None = None
+    # why its current start cannot go on (its step ran out of memory at its batch, daemon/oom.py): it is
+    # restarted now at the policy's choice, past cooldown, stability guard and the same-count rule
+    restart: str = ""
 
 
 @dataclass(frozen=True)
@@ -295,6 +301,11 @@ def plan(
                 actions[v.job_id] = Leave(v.job_id, a.reason or "policy: not now")
             continue
         # running
+        if v.restart:
+            a = replace(a, reason=f"{v.restart}: restarted at local batch {a.local_batch}" if a.gpus else
+                        f"{v.restart}: requeued and held, {a.reason or 'no GPUs for it now'}")
+            (shrinks if a.gpus <= v.gpus else grows).append(_Pending(v, a, i))  # 0: a Preempt, even if off
+            continue
         moved = _moves(a, v, pool_by)
         if a.gpus == v.gpus and not moved:
             if a.reason and a.reason.startswith("kept"):
