@@ -19,7 +19,9 @@ Rules, applied to each job of the problem in priority order:
    weighs the restart cost against the gain, so the planner adds no second threshold unless asked).
    **Stability guard**: nor while it has not reported a training step in its current start
    (``JobView.stepped is False``: admitted or resized, not yet training at that size), unless
-   ``settle_timeout_s`` passed since its last change (a job that never reports is not pinned forever).
+   :func:`settle_s` passed since its last change: ``settle_per_restart`` (4) x its restart cost, within
+   [``settle_min_s`` (60 s), ``settle_timeout_s`` (900 s)] (a job that never reports holds what it was
+   admitted to about as long as an honest start takes, not 15 minutes).
    The cooldown is the minimum dwell on top of that.
    Shrinks are planned before grows, because they return GPUs.
 5. **Pending, policy gives k > 0**: a :class:`Start` at k GPUs.
@@ -72,6 +74,11 @@ class PlannerConfig:
     start_smaller: bool = True  # no placement at k: start at the largest placeable allowed k' < k
     start_timeout_s: float = 120.0  # a released job Slurm has not placed by then, and cannot, is held again
     settle_timeout_s: float = 900.0  # a job that never reports a step may be resized again after this
+    # ... or sooner: after settle_per_restart x its restart cost (at least settle_min_s), so that a job that
+    # never reports holds GPUs it was admitted to (all the free ones, with nothing measured) about as long
+    # as an honest start of it takes, not 15 minutes, while others wait
+    settle_per_restart: float = 4.0
+    settle_min_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ class JobView:
     # why its current start cannot go on (its step ran out of memory at its batch, daemon/oom.py): it is
     # restarted now at the policy's choice, past cooldown, stability guard and the same-count rule
     restart: str = ""
+    restart_s: float | None = None  # its restart cost as the policy plans with it (measured, spec, default)
 
 
 @dataclass(frozen=True)
@@ -324,8 +332,10 @@ def plan(
             actions[v.job_id] = Leave(v.job_id, f"cooldown ({now - book.last_change_s:.0f}s < {config.cooldown_s:.0f}s)")
             deferred += 1
             continue
-        if v.stepped is False and (book.last_change_s is None or now - book.last_change_s < config.settle_timeout_s):
-            actions[v.job_id] = Leave(v.job_id, f"stability: no step reported at {v.gpus} GPUs yet")
+        settle = settle_s(v, config)
+        if v.stepped is False and (book.last_change_s is None or now - book.last_change_s < settle):
+            actions[v.job_id] = Leave(v.job_id, f"stability: no step reported at {v.gpus} GPUs yet (held up to "
+                                      f"{settle:.0f} s)")
             deferred += 1
             continue
         if a.gpus == 0:
@@ -436,6 +446,17 @@ def plan(
     rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 2, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (2 if x.kind == "resize" and not x.is_shrink else 0)))
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
+
+
+def settle_s(v: JobView, config: PlannerConfig) -> float:
+    """How long the stability guard holds a job that has not reported a step since its last change:
+    ``settle_per_restart`` x its restart cost, at least ``settle_min_s``, at most ``settle_timeout_s``.
+    An honest start reaches its first step in about one restart cost (the same imports, rendezvous and
+    checkpoint load), so the margin keeps slow honest starts; a job that never reports is resized once
+    the others need its GPUs after that time, not after settle_timeout_s."""
+    if v.restart_s is None:
+        return config.settle_timeout_s
+    return min(config.settle_timeout_s, max(config.settle_min_s, config.settle_per_restart * v.restart_s))
 
 
 def _moves(a: JobAllocation, v: JobView, pool_by: Mapping) -> bool:

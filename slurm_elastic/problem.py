@@ -580,7 +580,8 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
     known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
     stepped = (r.restart_count in facts.stepped_restarts) if known else None
     view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
-                   _submitted_to(r, cache).partitions, _start_nodes(r, shape) if status == STARTING else None)
+                   _submitted_to(r, cache).partitions, _start_nodes(r, shape) if status == STARTING else None,
+                   restart_s=req.restart_s)
     return req, view
 
 
