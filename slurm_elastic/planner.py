@@ -312,7 +312,8 @@ def plan(
         if v.restart:
             a = replace(a, reason=f"{v.restart}: restarted at local batch {a.local_batch}" if a.gpus else
                         f"{v.restart}: requeued and held, {a.reason or 'no GPUs for it now'}")
-            (shrinks if a.gpus <= v.gpus else grows).append(_Pending(v, a, i))  # 0: a Preempt, even if off
+            # 0 GPUs: a Preempt, even with preemption off; a move to another pool needs GPUs there (a grow)
+            (shrinks if a.gpus <= v.gpus and not _moves(a, v, pool_by) else grows).append(_Pending(v, a, i))
             continue
         moved = _moves(a, v, pool_by)
         if a.gpus == v.gpus and not moved:

@@ -314,7 +314,6 @@ class ElasticJob:
         self.log(f"world size {self.world_size} on {self.senv.num_nodes} node(s), backend {self.ctx.backend}, "
                  f"master {self.ctx.master_addr}:{self.ctx.master_port}; global batch {a.global_batch} = "
                  f"{self.world_size} x {a.local_batch} x {a.accum} accum (from {a.source})")
-        oom.register(self)  # an out-of-memory step from here on is reported as this start's batch limit
         return a
 
     def _resolve_assignment(self) -> Assignment:
@@ -464,6 +463,9 @@ class ElasticJob:
             self.lr.load_state_dict(prev)
         self.lr.set_batch(a.global_batch, self.samples_seen)
         self.apply_lr()
+        # From here on (the checkpoint loaded, training next) an out-of-memory error is reported as this
+        # start's batch limit; one while loading the checkpoint is not the batch's doing.
+        oom.register(self)
         self._start_index = len(self.history)
         self.history.append({"restart_count": self.senv.restart_count, "job_id": self.senv.job_id,
                              "world_size": self.world_size, "global_batch": a.global_batch,

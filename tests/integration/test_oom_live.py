@@ -90,8 +90,14 @@ def test_out_of_memory_is_learned_the_job_restarts_below_it_from_its_checkpoint(
         assert restart and restart[0]["reason"].startswith("out of memory at local batch 64"), log
         assert shown and shown[0]["limits"] == text and text in shown[0]["reason"], shown
         assert reopened == [text]  # kept across a daemon restart
+        # release -> first step of each start (the stability guard's scale: planner.settle_s)
+        from slurm_elastic.train.protocol import read_report
+
+        firsts = {st["restart_count"]: st["first_step"] for st in read_report(ckpt)["starts"]}
+        released = [x["ts"] for x in log if x["action"] in ("start", "resize") and x["status"] == "done"]
+        lat = [f"{firsts[i] - ts:.1f} s" for i, ts in enumerate(released) if i in firsts]
         print(f"job {job}: decisions {[(x.gpus, x.local_batch, x.accum) for x in decisions]}, "
-              f"{time.monotonic() - t0:.0f} s from submit to completion")
+              f"{time.monotonic() - t0:.0f} s from submit to completion; release -> first step per start: {lat}")
     finally:
         d.close()
         if job is not None:
