@@ -113,6 +113,7 @@ class JobView:
     # why its current start cannot go on (its step ran out of memory at its batch, daemon/oom.py): it is
     # restarted now at the policy's choice, past cooldown, stability guard and the same-count rule
     restart: str = ""
+    restart_below: int = 0  # ... the local batch that failed: a restart in the same pool must go below it
     restart_s: float | None = None  # its restart cost as the policy plans with it (measured, spec, default)
 
 
@@ -310,6 +311,9 @@ def plan(
             continue
         # running
         if v.restart:
+            if a.gpus and v.restart_below and a.local_batch >= v.restart_below and not _moves(a, v, pool_by):
+                # a policy that keeps the batch that failed (static, rigid) would restart it into the same error
+                a = replace(a, gpus=0, reason=f"the policy keeps local batch {a.local_batch}")
             a = replace(a, reason=f"{v.restart}: restarted at local batch {a.local_batch}" if a.gpus else
                         f"{v.restart}: requeued and held, {a.reason or 'no GPUs for it now'}")
             # 0 GPUs: a Preempt, even with preemption off; a move to another pool needs GPUs there (a grow)

@@ -117,6 +117,7 @@ class JobInfo:
     # must be restarted now ("" none: JobView.restart)
     local_batch_limits: tuple[tuple[str, int], ...] = ()
     restart_now: str = ""
+    restart_below: int = 0  # the local batch its start failed at (the restart must go below it there)
 
 
 JobInfoFor = Callable[[JobRecord], "JobInfo | None"]
@@ -411,7 +412,7 @@ def build_problem(
         info = job_info(r) if job_info is not None else None
         req = _with_info(req, info)
         if info is not None and info.restart_now and view.status == RUNNING:
-            view = replace(view, restart=info.restart_now)
+            view = replace(view, restart=info.restart_now, restart_below=info.restart_below)
         reqs.append(req)
         views.append(view)
 

@@ -211,8 +211,9 @@ class ModelRegistry:
         here = self._type_now(job)
         self.oom.observe(job, spec, spec.checkpoint_dir(job.job_id, job.work_dir), here)
         if self.oom.limits.get(job.job_id) or job.job_id in self.oom.restart:
+            why, below = self.oom.restart_reason(job)
             self.progress[job.job_id] = replace(self.progress[job.job_id], local_batch_limits=self.oom.of(job.job_id),
-                                                restart_now=self.oom.restart_reason(job))
+                                                restart_now=why, restart_below=below)
         typed = self._by_type(job, obs, here) if here else {}
         if here and typed:  # its reports on the type it runs on (else the prior); the others per type
             obs = typed.get(here, [])

@@ -52,7 +52,7 @@ class OomBook:
     """Job -> GPU type -> :class:`OomLimit` (learned), and the starts that must be restarted now."""
 
     limits: dict = field(default_factory=dict)  # job id -> {gpu type: OomLimit}
-    restart: dict = field(default_factory=dict)  # job id -> (restart count, reason): its start ran out of memory
+    restart: dict = field(default_factory=dict)  # job id -> (restart count, reason, local batch): out of memory
     problems: dict = field(default_factory=dict)  # job id -> why its report was not used (logged once)
     changed: bool = False  # limits changed since the last save
 
@@ -101,7 +101,7 @@ class OomBook:
         book[gpu_type] = new
         self.changed = True
         reason = f"out of memory at local batch {b} on {gpu_type or 'its GPUs'}"
-        self.restart[job.job_id] = (job.restart_count, reason)
+        self.restart[job.job_id] = (job.restart_count, reason, b)
         event(logging.WARNING, "out of memory: batch limit learned", job=job.job_id, gpu_type=gpu_type,
               local_batch=b, limit=new.limit, restart=job.restart_count)
         return ""
@@ -118,10 +118,11 @@ class OomBook:
         """The job's learned limits as ``(gpu type, max local batch)``, for problem.JobInfo."""
         return tuple(sorted((t, x.limit) for t, x in self.limits.get(job_id, {}).items()))
 
-    def restart_reason(self, job: JobRecord) -> str:
-        """Why the job's current start must be restarted now ('' when it need not)."""
+    def restart_reason(self, job: JobRecord) -> tuple[str, int]:
+        """Why the job's current start must be restarted now and the local batch that failed ('', 0: it
+        need not)."""
         held = self.restart.get(job.job_id)
-        return held[1] if held is not None and held[0] == job.restart_count and job.is_running else ""
+        return held[1:] if held is not None and held[0] == job.restart_count and job.is_running else ("", 0)
 
     def notes(self, job_id: int) -> list[str]:
         """What ``status`` shows: one line per type with a learned limit."""

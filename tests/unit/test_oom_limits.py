@@ -58,16 +58,16 @@ def test_book_learns_below_the_decided_local_batch_on_the_type_slurm_shows_and_o
     job, spec, ckpt = _job(tmp_path)
     book = OomBook()
     book.observe(job, spec, ckpt, "t4")
-    assert book.of(7) == () and book.restart_reason(job) == ""  # nothing reported
+    assert book.of(7) == () and book.restart_reason(job) == ("", 0)  # nothing reported
     _write(ckpt)
     book.observe(job, spec, ckpt, "t4")
     assert book.of(7) == (("t4", 63),) and book.changed
-    assert book.restart_reason(job) == "out of memory at local batch 64 on t4"
+    assert book.restart_reason(job) == ("out of memory at local batch 64 on t4", 64)
     assert book.notes(7) == ["local batch <= 63 on t4: out of memory at 64"]
     # the next start (restart 3) at 32 ran out too: lower; its restart is no longer the old one's
     job3, _, _ = _job(tmp_path, restart=3, local=32, gpus=8)
     book.observe(job3, spec, ckpt, "t4")
-    assert book.restart_reason(job3) == ""  # restart 3 has not reported
+    assert book.restart_reason(job3) == ("", 0)  # restart 3 has not reported
     _write(ckpt, restart=3, local_batch=32, world_size=8)
     book.observe(job3, spec, ckpt, "t4")
     assert book.of(7) == (("t4", 31),)
@@ -96,7 +96,7 @@ def test_book_refuses_a_claim_that_is_not_the_starts_decision(tmp_path, claim, w
     _write(ckpt, **claim)
     book = OomBook()
     book.observe(job, spec, ckpt, "t4")
-    assert book.of(7) == () and book.restart_reason(job) == ""
+    assert book.of(7) == () and book.restart_reason(job) == ("", 0)
     assert why in book.problems[7]
 
 
@@ -169,7 +169,8 @@ def test_candidates_stay_below_the_limit_and_the_planner_restarts_the_job_at_onc
     for accum in (1, 4):  # more GPUs, or accumulation
         spec_text = SPEC.replace("max_gpus=8", f"max_gpus=8,max_accum={accum}")
         job, spec, _ = _job(tmp_path, gpus=4, local=64, spec=spec_text)
-        info = JobInfo(local_batch_limits=(("t4", 63),), restart_now="out of memory at local batch 64 on t4")
+        info = JobInfo(local_batch_limits=(("t4", 63),), restart_now="out of memory at local batch 64 on t4",
+                       restart_below=64)
         nodes = [_node("n1", "t4", used=4), _node("n2", "t4")]
         snap = build_problem([job], nodes, model_for=lambda r, s: model, now=100.0, job_info=lambda r, i=info: i)
         req = snap.problem.jobs[0]
@@ -207,6 +208,38 @@ def test_a_limit_on_one_type_leaves_the_other_types_batches():
     by_type = {pools[n]: s.max_local_batch for n, s in req.pool_specs}
     assert by_type == {"t4": 20}  # a100's pool uses req.spec
     assert req.spec.max_local_batch == 128
+
+
+@pytest.mark.parametrize("policy,accum,kind", [("static", 1, "preempt"), ("static", 4, "resize"),
+                                               ("tiresias", 1, "preempt"), ("fixed-batch", 1, "resize")])
+def test_a_policy_that_keeps_the_failed_batch_gets_the_job_held_not_restarted_into_the_same_error(
+        tmp_path, policy, accum, kind):
+    """static keeps a running job as it runs: at 4 x 64 with no accumulation allowed it would restart the
+    job into the same out-of-memory error (a loop of restarts); the job is requeued and held instead,
+    and as a pending job no policy starts it at a batch its limit refuses."""
+    from slurm_elastic import planner as pl
+    from slurm_elastic.policies import get_policy
+    from slurm_elastic.profiles import load_profile
+
+    model = load_profile("cifar10")
+    job, _, _ = _job(tmp_path, spec=SPEC.replace("max_gpus=8", f"max_gpus=8,max_accum={accum}"))
+    info = JobInfo(local_batch_limits=(("t4", 63),), restart_now="out of memory at local batch 64 on t4",
+                   restart_below=64)
+    nodes = [_node("n1", "t4", used=4), _node("n2", "t4")]
+    snap = build_problem([job], nodes, model_for=lambda r, s: model, now=100.0, job_info=lambda r: info)
+    alloc = get_policy(policy).allocate(snap.problem)
+    act = {x.job_id: x for x in pl.plan(alloc, snap.views, {}, 100.0, capacity=snap.capacity, node_size=4,
+                                        node_free=snap.node_free).actions}[7]
+    assert act.kind == kind, (act, alloc.jobs[7])
+    if kind == "resize":
+        assert act.decision.local_batch <= 63
+    else:
+        assert "requeued and held" in act.reason
+        held = JobRecord(**{**job.__dict__, "state": "PENDING", "held": True, "gpus_total": 0, "nodes": ()})
+        snap = build_problem([held], [_node("n1", "t4"), _node("n2", "t4")], model_for=lambda r, s: model,
+                             now=200.0, job_info=lambda r: JobInfo(local_batch_limits=(("t4", 63),)))
+        a = get_policy(policy).allocate(snap.problem).jobs[7]
+        assert a.gpus == 0 or a.local_batch <= 63, a
 
 
 def test_planner_preempts_a_job_whose_start_cannot_go_on_when_the_policy_has_no_gpus_for_it():
