@@ -378,3 +378,32 @@ def test_handle_leaves_an_unlearnable_out_of_memory_error_to_fail(tmp_path, monk
     assert not list(tmp_path.iterdir()) and why in job.said[0]
     monkeypatch.setattr(oom, "_current", None)
     assert not oom.handle(RuntimeError("CUDA out of memory."))
+
+
+def test_an_uncaught_out_of_memory_error_exits_75_through_the_hook_and_others_fail_as_before(tmp_path):
+    """What a script started by any launcher does: the hook ElasticJob installs turns an uncaught
+    out-of-memory error into the report, the ack and exit 75; any other error keeps Python's exit 1."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(f"""
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from slurm_elastic.train import oom
+from slurm_elastic.train.assignment import Assignment
+job = SimpleNamespace(assignment=Assignment(256, 64, 1, 4, "decision", 3),
+                      senv=SimpleNamespace(job_id="7", restart_count=2), ckpt_dir=Path({str(tmp_path)!r}),
+                      rank=0, world_size=4, min_local_batch=1, log=lambda msg, all_ranks=False: print(msg))
+oom.register(job)
+raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB" if sys.argv[1] == "oom" else "boom")
+""")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run([sys.executable, str(script), "other"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "boom" in r.stderr and not oom_path(tmp_path, 7, 2).exists()
+    r = subprocess.run([sys.executable, str(script), "oom"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 75, r.stderr
+    assert "out of memory at local batch 64" in r.stdout
+    assert parse_oom(json.loads(oom_path(tmp_path, 7, 2).read_text()), 7, 2)["local_batch"] == 64
+    assert (tmp_path / "stop-ack.7.2.json").exists()
