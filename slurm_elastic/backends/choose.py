@@ -4,7 +4,8 @@
 refuses other majors, and one built for another libslurm would misread its structs), else the CLI;
 it logs which it took and why. The import is probed in a child process first: libslurm exits the
 process that initialises it with a bad ``SLURM_CONF``, which must not be the daemon. A ``SLURM_CONF``
-that names no file is refused before the probe: libslurm retries reading it for 60 s before it exits.
+that names no file is refused at once, by ``auto`` too: libslurm retries reading it for 60 s before it
+exits, and the Slurm commands the CLI backend runs read the same file.
 """
 
 from __future__ import annotations
@@ -72,9 +73,13 @@ def choose_backend(kind: str, cli: CliBackend, *, probe: Callable[[], tuple[str 
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {kind!r}")
     if kind == "cli":
         return cli, "backend = \"cli\" in the configuration"
+    env = getattr(cli, "env", None)
+    missing = missing_slurm_conf(env) if env is not None and not getattr(cli, "prefix", None) else ""
+    if missing:  # the Slurm commands read the same file: the CLI would wait on every call as long
+        raise SlurmError(f"backend = \"{kind}\" cannot be used: {missing}")
     if probe is None:
         def probe():
-            return probe_pyslurm(env=getattr(cli, "env", None))
+            return probe_pyslurm(env=env)
     version, why = probe()
     if version is not None:
         try:
