@@ -800,6 +800,7 @@ class ElasticJob:
     def _teardown(self) -> None:
         # From here on a stop request changes nothing; ignore it so it cannot kill the exiting task.
         self.flag.quiesce()
+        oom.unregister(self)
         if dist.is_initialized():
             dist.barrier()
             if self.rank == 0 and self.ctx and self.ctx.rdzv_file is not None:

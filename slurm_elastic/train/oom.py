@@ -45,6 +45,13 @@ def register(job: Any) -> None:
         sys.excepthook = hook
 
 
+def unregister(job: Any) -> None:
+    """After ``job`` ended (finished or stopped): an error from here on is not one of its steps."""
+    global _current
+    if _current is job:
+        _current = None
+
+
 def is_out_of_memory(e: BaseException) -> bool:
     """torch.OutOfMemoryError / torch.cuda.OutOfMemoryError (any class of that name in its MRO, so torch
     need not be imported here), or a RuntimeError whose message says CUDA ran out of memory (older torch,

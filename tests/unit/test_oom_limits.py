@@ -407,3 +407,14 @@ raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB" if sys.argv[
     assert "out of memory at local batch 64" in r.stdout
     assert parse_oom(json.loads(oom_path(tmp_path, 7, 2).read_text()), 7, 2)["local_batch"] == 64
     assert (tmp_path / "stop-ack.7.2.json").exists()
+
+
+def test_a_job_that_ended_is_no_longer_the_one_reported_for(tmp_path, monkeypatch):
+    from slurm_elastic.train import oom
+
+    job = _FakeJob(tmp_path)
+    monkeypatch.setattr(oom, "_current", job)
+    oom.unregister(object())  # another job: no change
+    assert oom._current is job
+    oom.unregister(job)
+    assert not oom.handle(RuntimeError("CUDA out of memory.")) and not list(tmp_path.iterdir())
