@@ -360,6 +360,10 @@ class Daemon:
                 event(logging.WARNING, "job changed outside the daemon", job=jid, detail=note)
         self._notes = dict(r.notes)
         self.policy.limit = dict(r.limit)
+        for job in records:  # a job restarting after running out of memory: not a fresh admission (daemon/oom.py)
+            most = self.models.oom.most_gpus(job)
+            if most is not None:
+                self.policy.limit[job.job_id] = min(most, self.policy.limit.get(job.job_id, most))
         if self.dry_run:
             return r.left_alone, records
         for jid, at in r.accept.items():

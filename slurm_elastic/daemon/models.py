@@ -209,7 +209,7 @@ class ModelRegistry:
             prior, kind = DEFAULT_MODEL, "prior"
         running = job.gpus_total if job.is_running else 0
         here = self._type_now(job)
-        self.oom.observe(job, spec, spec.checkpoint_dir(job.job_id, job.work_dir), here)
+        self.oom.observe(job, spec, spec.checkpoint_dir(job.job_id, job.work_dir), here, self.node_size)
         if self.oom.limits.get(job.job_id) or job.job_id in self.oom.restart:
             why, below = self.oom.restart_reason(job)
             self.progress[job.job_id] = replace(self.progress[job.job_id], local_batch_limits=self.oom.of(job.job_id),

@@ -16,6 +16,12 @@ Why it cannot buy GPUs from another user: the limit enters the policy as the spe
 (daemon/caps.py) apply to it as to any spec. A false claim costs the claimant a restart and its own
 batch range.
 
+Nor GPUs its twin in cooldown cannot have: the restart is not a fresh admission. Until its next start
+runs, the job may get at most :meth:`OomBook.most_gpus` (the GPUs it had, or the fewest on which its
+batch range still fits below the limit), as an owner's requeue is held to the decided size
+(daemon/oversight.py). Found live: without it a job in cooldown, at 1 GPU where no batch fits below
+the limit, was requeued and re-admitted on the 3 free GPUs its twin could not take.
+
 Limits are kept across daemon restarts (``meta.oom_limits``), dropped when Slurm forgets the job.
 """
 
@@ -28,6 +34,7 @@ from slurm_elastic.backends.base import JobRecord
 from slurm_elastic.daemon.logfmt import event
 from slurm_elastic.daemon.userfiles import UserFileError
 from slurm_elastic.daemon.userfiles import read_json as read_user_json
+from slurm_elastic.problem import capped_spec
 from slurm_elastic.spec import MAX_TYPE_LIMITS, ElasticSpec, SpecError, parse_decision
 from slurm_elastic.train.protocol import MAX_BATCH, oom_path, parse_oom
 
@@ -54,10 +61,13 @@ class OomBook:
     limits: dict = field(default_factory=dict)  # job id -> {gpu type: OomLimit}
     restart: dict = field(default_factory=dict)  # job id -> (restart count, reason, local batch): out of memory
     problems: dict = field(default_factory=dict)  # job id -> why its report was not used (logged once)
+    most: dict = field(default_factory=dict)  # job id -> (restart count of the failed start, most GPUs until the next runs)
     changed: bool = False  # limits changed since the last save
 
-    def observe(self, job: JobRecord, spec: ElasticSpec, ckpt_dir: str | None, gpu_type: str) -> None:
-        """Read the running job's out-of-memory report for its current start, if any, and learn from it."""
+    def observe(self, job: JobRecord, spec: ElasticSpec, ckpt_dir: str | None, gpu_type: str,
+                node_size: int = 0) -> None:
+        """Read the running job's out-of-memory report for its current start, if any, and learn from it
+        (``node_size``: the GPUs per node, for the shapes :meth:`most_gpus` allows; 0: any count)."""
         jid = job.job_id
         held = self.restart.get(jid)
         if held is not None and held[0] != job.restart_count:
@@ -73,10 +83,10 @@ class OomBook:
             return self._problem(jid, f"{ckpt_dir}/{name}: {e.strerror or e}")
         if data is None:
             return
-        why = self._learn(job, spec, parse_oom(data, jid, job.restart_count), gpu_type)
+        why = self._learn(job, spec, parse_oom(data, jid, job.restart_count), gpu_type, node_size)
         self._problem(jid, f"{ckpt_dir.rstrip('/')}/{name} not used: {why}" if why else "")
 
-    def _learn(self, job: JobRecord, spec: ElasticSpec, rep: dict | None, gpu_type: str) -> str:
+    def _learn(self, job: JobRecord, spec: ElasticSpec, rep: dict | None, gpu_type: str, node_size: int) -> str:
         if rep is None:
             return "not a report for this job and start (job_id, restart_count, positive int counts)"
         try:
@@ -100,6 +110,9 @@ class OomBook:
         new = OomLimit(min(b - 1, old.limit if old else b - 1), b, job.restart_count)
         book[gpu_type] = new
         self.changed = True
+        most = _fewest_gpus(capped_spec(spec, self.of(job.job_id)).on_type(gpu_type), d.gpus, node_size)
+        if most is not None:
+            self.most[job.job_id] = (job.restart_count, most)
         reason = f"out of memory at local batch {b} on {gpu_type or 'its GPUs'}"
         self.restart[job.job_id] = (job.restart_count, reason, b)
         event(logging.WARNING, "out of memory: batch limit learned", job=job.job_id, gpu_type=gpu_type,
@@ -124,12 +137,23 @@ class OomBook:
         held = self.restart.get(job.job_id)
         return held[1:] if held is not None and held[0] == job.restart_count and job.is_running else ("", 0)
 
+    def most_gpus(self, job: JobRecord) -> int | None:
+        """The most GPUs the job may get while its out-of-memory restart is carried out (from the failed
+        start until its next start runs; daemon/caps.py applies it); None: no such bound."""
+        held = self.most.get(job.job_id)
+        if held is None:
+            return None
+        if job.is_running and job.restart_count != held[0]:
+            del self.most[job.job_id]  # its next start runs: the planner's cooldown holds it from here
+            return None
+        return held[1]
+
     def notes(self, job_id: int) -> list[str]:
         """What ``status`` shows: one line per type with a learned limit."""
         return [x.text(t) for t, x in sorted(self.limits.get(job_id, {}).items())]
 
     def forget(self, live: set) -> None:
-        for d in (self.limits, self.restart, self.problems):
+        for d in (self.limits, self.restart, self.problems, self.most):
             for jid in [j for j in d if j not in live]:
                 del d[jid]
                 self.changed = self.changed or d is self.limits
@@ -155,3 +179,15 @@ class OomBook:
             if out:
                 book.limits[int(j)] = out
         return book
+
+
+def _fewest_gpus(spec: ElasticSpec, had: int, node_size: int) -> int | None:
+    """``had`` when some batch in the spec's range still runs on it, else the fewest GPUs above it, of a
+    shape the nodes allow, on which one does; None when there is none within a bounded search (no bound:
+    the policy then finds what it can)."""
+    first = max(had, -(-spec.min_batch // (spec.max_local_batch * spec.max_accum)))
+    if first == had and spec.nearest_batch(had) is not None:
+        return had
+    counts = spec.allowed_gpu_counts(node_size, most=first + 64 * node_size) if node_size > 0 else \
+        range(max(first, spec.min_gpus), min(spec.max_gpus, first + 64) + 1)
+    return next((k for k in counts if k >= first and spec.nearest_batch(k) is not None), None)

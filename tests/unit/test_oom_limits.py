@@ -418,3 +418,62 @@ def test_a_job_that_ended_is_no_longer_the_one_reported_for(tmp_path, monkeypatc
     assert oom._current is job
     oom.unregister(job)
     assert not oom.handle(RuntimeError("CUDA out of memory.")) and not list(tmp_path.iterdir())
+
+
+def test_a_frozen_job_whose_limit_rules_out_its_count_gets_the_fewest_gpus_that_fit_not_a_free_choice():
+    # Running on 1 GPU at 1 x 64, in its cooldown (frozen), when a (possibly forged) out-of-memory report
+    # caps its local batch at 63: 1 GPU cannot do batch 64 without accumulation. Found live
+    # (tests/faults/test_user_files.py): the policy then chose freely and grew it 1 -> 4 GPUs past its
+    # cooldown while its honest twin stayed at 1. It gets the fewest counts that fit (2), as if kept.
+    from slurm_elastic.policies import AllocationProblem, get_policy
+    from tests.unit.test_policies import job, spec
+
+    capped = spec(min_gpus=1, max_gpus=4, min_batch=64, max_batch=256, max_local=63, batch=64)
+    for name in ("dp", "pollux-dp", "sia"):
+        frozen = job(0, capped, running=1, batch=64, held_s=5.0, frozen=True)
+        a = get_policy(name).allocate(AllocationProblem(8, 4, (frozen,)))
+        assert a.jobs[0].gpus == 2 and a.jobs[0].batch <= 2 * 63, (name, a.jobs[0])
+        # out of its cooldown the policy chooses freely (here: more)
+        free = job(0, capped, running=1, batch=64, held_s=1e5)
+        assert get_policy(name).allocate(AllocationProblem(8, 4, (free,))).jobs[0].gpus > 2, name
+
+
+def test_the_restart_after_out_of_memory_gets_at_most_the_gpus_it_had_or_the_fewest_that_fit(tmp_path):
+    # Found live (tests/faults/test_user_files.py): a job in cooldown at 1 GPU whose claim leaves no batch
+    # on 1 GPU was requeued and re-admitted on every free GPU, which its twin in cooldown could not take.
+    from dataclasses import replace
+
+    narrow = "elastic:min_gpus=1,max_gpus=8,min_batch=256,max_batch=1024,max_local_batch=128,batch=256"
+    job, spec, ckpt = _job(tmp_path, spec=narrow)  # 4 x 64: below 64, 4 GPUs cannot run batch 256
+    book = OomBook()
+    book.observe(job, spec, ckpt, "t4", 4)
+    _write(ckpt)
+    book.observe(job, spec, ckpt, "t4", 4)
+    assert book.of(7) == (("t4", 63),)
+    assert book.most_gpus(job) == 8  # 5..7 GPUs are not a shape 4-GPU nodes allow; 8 x 32 is
+    requeued = replace(job, state="PENDING", restart_count=3)
+    assert book.most_gpus(requeued) == 8  # pending for its next start: still bounded
+    assert book.most_gpus(replace(job, restart_count=3)) is None  # its next start runs: no bound any more
+    assert book.most_gpus(requeued) is None and 7 not in book.most
+    # where a batch still fits on its GPUs (accumulation), the bound is the GPUs it had
+    (tmp_path / "b").mkdir()
+    job2, spec2, ckpt2 = _job(tmp_path / "b", spec=narrow + ",max_accum=2")
+    book2 = OomBook()
+    _write(ckpt2)
+    book2.observe(job2, spec2, ckpt2, "t4", 4)
+    assert book2.of(7) == (("t4", 63),) and book2.most_gpus(job2) == 4
+    book2.forget(set())
+    assert not book2.most
+
+
+def test_the_daemon_caps_a_restarting_job_at_what_its_book_allows():
+    from slurm_elastic.daemon.caps import CappedPolicy
+    from slurm_elastic.policies import AllocationProblem, get_policy
+    from tests.unit.test_policies import job, spec
+
+    s = spec(min_gpus=1, max_gpus=8, batch=64)
+    p = AllocationProblem(8, 4, (job(0, s),))
+    capped = CappedPolicy(get_policy("dp"))
+    assert capped.allocate(p).jobs[0].gpus > 2
+    capped.limit = {0: 2}
+    assert capped.allocate(p).jobs[0].gpus == 2
