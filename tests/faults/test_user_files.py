@@ -7,6 +7,10 @@ user's directory or a system directory, asks for ``weight=1000000``, puts contro
 key and a newline in a job name. ``h11a_u2`` submits ordinary jobs, which must be started by the same
 cycles. One cluster, one daemon (in this process, so that its snapshot and RSS can be read), several
 RELIABILITY rows.
+
+On the same cluster and users, a second daemon reads hostile out-of-memory reports
+(``oom.<job>.<restart>.json``: FIFO, symlink, oversized, bad numbers, another batch, job or restart) and
+reports forged to match the start's decision, each forger against an honest twin of the other user.
 """
 
 from __future__ import annotations
