@@ -245,7 +245,8 @@ def parse_oom(data, job_id: str | int, restart_count: int) -> dict | None:
     also checks it against the decision it gave that start."""
     if not isinstance(data, dict) or str(data.get("job_id")) != str(job_id):
         return None
-    if data.get("restart_count") != restart_count or isinstance(data.get("restart_count"), bool):
+    rc = data.get("restart_count")
+    if not isinstance(rc, int) or isinstance(rc, bool) or rc != restart_count:  # 2.0 is not a count either
         return None
     out = {"local_batch": _count(data.get("local_batch"), MAX_BATCH), "accum": _count(data.get("accum"), MAX_BATCH),
            "world_size": _count(data.get("world_size"), MAX_WORLD),

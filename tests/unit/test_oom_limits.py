@@ -33,6 +33,7 @@ def test_parse_oom_takes_only_this_job_and_start_with_int_counts_in_range():
     assert parse_oom(_report(), 8, 2) is None  # another job's
     assert parse_oom(_report(), 7, 1) is None  # an earlier start's
     assert parse_oom(_report(restart_count=True), 7, 1) is None
+    assert parse_oom(_report(restart_count=2.0), 7, 2) is None and parse_oom(_report(restart_count="2"), 7, 2) is None
     for bad in (0, -1, True, 63.5, 64.0, "64", None, 1 << 40, float("nan")):
         assert parse_oom(_report(local_batch=bad), 7, 2) is None, bad
     assert parse_oom(_report(world_size=2 ** 21), 7, 2) is None
