@@ -19,10 +19,15 @@ Rules, applied to each job of the problem in priority order:
    weighs the restart cost against the gain, so the planner adds no second threshold unless asked).
    **Stability guard**: nor while it has not reported a training step in its current start
    (``JobView.stepped is False``: admitted or resized, not yet training at that size), unless
-   ``settle_timeout_s`` passed since its last change (a job that never reports is not pinned forever).
+   :func:`settle_s` passed since its last change: ``settle_per_restart`` (4) x its restart cost, within
+   [``settle_min_s`` (60 s), ``settle_timeout_s`` (900 s)] (a job that never reports holds what it was
+   admitted to about as long as an honest start takes, not 15 minutes).
    The cooldown is the minimum dwell on top of that.
    Shrinks are planned before grows, because they return GPUs.
 5. **Pending, policy gives k > 0**: a :class:`Start` at k GPUs.
+6. **Running, its start cannot go on** (``JobView.restart``: its step ran out of memory at its batch):
+   restarted now at the policy's choice (the learned batch limit is in its spec), even at the same GPU
+   count, in cooldown or before its first step; with 0 GPUs a :class:`Preempt` (its tasks are gone).
 
 Capacity gate: the planner never commits more GPUs than ``capacity``. Committed GPUs are those of
 running jobs at their current size, plus in-flight jobs at their target. Shrinks are committed first
@@ -69,6 +74,11 @@ class PlannerConfig:
     start_smaller: bool = True  # no placement at k: start at the largest placeable allowed k' < k
     start_timeout_s: float = 120.0  # a released job Slurm has not placed by then, and cannot, is held again
     settle_timeout_s: float = 900.0  # a job that never reports a step may be resized again after this
+    # ... or sooner: after settle_per_restart x its restart cost (at least settle_min_s), so that a job that
+    # never reports holds GPUs it was admitted to (all the free ones, with nothing measured) about as long
+    # as an honest start of it takes, not 15 minutes, while others wait
+    settle_per_restart: float = 4.0
+    settle_min_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,11 @@ class JobView:
     # a released job (STARTING), several pools: the managed nodes the partition it was pinned to lets Slurm
     # start it on (None: any). Its placement is checked there, not on the pools it was not released to.
     start_nodes: frozenset[str] | None = None
+    # why its current start cannot go on (its step ran out of memory at its batch, daemon/oom.py): it is
+    # restarted now at the policy's choice, past cooldown, stability guard and the same-count rule
+    restart: str = ""
+    restart_below: int = 0  # ... the local batch that failed: a restart in the same pool must go below it
+    restart_s: float | None = None  # its restart cost as the policy plans with it (measured, spec, default)
 
 
 @dataclass(frozen=True)
@@ -295,6 +310,15 @@ def plan(
                 actions[v.job_id] = Leave(v.job_id, a.reason or "policy: not now")
             continue
         # running
+        if v.restart:
+            if a.gpus and v.restart_below and a.local_batch >= v.restart_below and not _moves(a, v, pool_by):
+                # a policy that keeps the batch that failed (static, rigid) would restart it into the same error
+                a = replace(a, gpus=0, reason=f"the policy keeps local batch {a.local_batch}")
+            a = replace(a, reason=f"{v.restart}: restarted at local batch {a.local_batch}" if a.gpus else
+                        f"{v.restart}: requeued and held, {a.reason or 'no GPUs for it now'}")
+            # 0 GPUs: a Preempt, even with preemption off; a move to another pool needs GPUs there (a grow)
+            (shrinks if a.gpus <= v.gpus and not _moves(a, v, pool_by) else grows).append(_Pending(v, a, i))
+            continue
         moved = _moves(a, v, pool_by)
         if a.gpus == v.gpus and not moved:
             if a.reason and a.reason.startswith("kept"):
@@ -313,8 +337,10 @@ def plan(
             actions[v.job_id] = Leave(v.job_id, f"cooldown ({now - book.last_change_s:.0f}s < {config.cooldown_s:.0f}s)")
             deferred += 1
             continue
-        if v.stepped is False and (book.last_change_s is None or now - book.last_change_s < config.settle_timeout_s):
-            actions[v.job_id] = Leave(v.job_id, f"stability: no step reported at {v.gpus} GPUs yet")
+        settle = settle_s(v, config)
+        if v.stepped is False and (book.last_change_s is None or now - book.last_change_s < settle):
+            actions[v.job_id] = Leave(v.job_id, f"stability: no step reported at {v.gpus} GPUs yet (held up to "
+                                      f"{settle:.0f} s)")
             deferred += 1
             continue
         if a.gpus == 0:
@@ -425,6 +451,17 @@ def plan(
     rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 2, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (2 if x.kind == "resize" and not x.is_shrink else 0)))
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
+
+
+def settle_s(v: JobView, config: PlannerConfig) -> float:
+    """How long the stability guard holds a job that has not reported a step since its last change:
+    ``settle_per_restart`` x its restart cost, at least ``settle_min_s``, at most ``settle_timeout_s``.
+    An honest start reaches its first step in about one restart cost (the same imports, rendezvous and
+    checkpoint load), so the margin keeps slow honest starts; a job that never reports is resized once
+    the others need its GPUs after that time, not after settle_timeout_s."""
+    if v.restart_s is None:
+        return config.settle_timeout_s
+    return min(config.settle_timeout_s, max(config.settle_min_s, config.settle_per_restart * v.restart_s))
 
 
 def _moves(a: JobAllocation, v: JobView, pool_by: Mapping) -> bool:

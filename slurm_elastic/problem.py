@@ -112,6 +112,12 @@ class JobInfo:
     base_batch: int | None = None
     attained_gpu_s: float = 0.0
     remaining_samples: float | None = None
+    # Per-GPU batch limits learned from out-of-memory failures (daemon/oom.py): (GPU type, largest local
+    # batch; "" = untyped GPUs), applied as the spec's own local_batch_by_type; and why its current start
+    # must be restarted now ("" none: JobView.restart)
+    local_batch_limits: tuple[tuple[str, int], ...] = ()
+    restart_now: str = ""
+    restart_below: int = 0  # the local batch its start failed at (the restart must go below it there)
 
 
 JobInfoFor = Callable[[JobRecord], "JobInfo | None"]
@@ -221,10 +227,27 @@ class SpecCache:
         return self._parsed(self._d, (comment, node_size), parse, job_id)
 
 
-def _with_info(req: JobRequest, r: JobRecord, job_info: JobInfoFor | None) -> JobRequest:
-    info = job_info(r) if job_info is not None else None
+def capped_spec(spec: ElasticSpec, limits) -> ElasticSpec:
+    """``spec`` with learned per-type local batch limits folded into ``local_batch_by_type`` (the lower
+    of the two wins; never below ``min_local_batch``); an untyped limit ("") lowers ``max_local_batch``."""
+    if not limits:
+        return spec
+    top = spec.max_local_batch
+    for t, lim in limits:
+        if t == "":
+            top = max(spec.min_local_batch, min(top, lim))
+    by = {t: min(lim, top) for t, lim in spec.local_batch_by_type}
+    for t, lim in limits:
+        if t:
+            by[t] = max(spec.min_local_batch, min(by.get(t, top), lim))
+    return replace(spec, max_local_batch=top, local_batch_by_type=tuple(sorted(by.items())))
+
+
+def _with_info(req: JobRequest, info: JobInfo | None) -> JobRequest:
     if info is None:
         return req
+    if info.local_batch_limits:
+        req = replace(req, spec=capped_spec(req.spec, info.local_batch_limits))
     # A noise scale the driver reports wins over the model's (the daemon's model carries what the job
     # reported, see profiles/learned.py); an unknown one keeps the model's rather than erasing it.
     if info.noise_scale is not None:
@@ -386,7 +409,11 @@ def build_problem(
             cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
         if d is not None:
             decisions[r.job_id] = d
-        reqs.append(_with_info(req, r, job_info))
+        info = job_info(r) if job_info is not None else None
+        req = _with_info(req, info)
+        if info is not None and info.restart_now and view.status == RUNNING:
+            view = replace(view, restart=info.restart_now, restart_below=info.restart_below)
+        reqs.append(req)
         views.append(view)
 
     node_cap = {n.name: max(0, n.gpus_total - st.non_elastic_per_node[n.name]) for n in managed}
@@ -397,6 +424,12 @@ def build_problem(
         node_cap = {n: max(0, c - res.by_node.get(n, 0)) for n, c in node_cap.items()}
     reqs = _pool_requests(reqs, res, st.allowed, st.pinned, node_pools, st.elastic, model_for_type, now, size,
                           capacity)
+    # The per-GPU batch limit each job runs with (its one type's, learned ones): the planner splits by it
+    views = [replace(v, spec=replace(v.spec, max_local_batch=q.spec.max_local_batch,
+                                     local_batch_by_type=q.spec.local_batch_by_type))
+             if v.spec is not None and (q.spec.max_local_batch, q.spec.local_batch_by_type) !=
+             (v.spec.max_local_batch, v.spec.local_batch_by_type) else v
+             for v, q in zip(views, reqs, strict=True)]
     if res.by_node:
         free_per_node = tuple(node_cap[n.name] for n in managed) or None
     elif st.non_elastic_per_node:
@@ -549,7 +582,8 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
     known = facts is not None and facts.stepped_restarts is not None and status == RUNNING
     stepped = (r.restart_count in facts.stepped_restarts) if known else None
     view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
-                   _submitted_to(r, cache).partitions, _start_nodes(r, shape) if status == STARTING else None)
+                   _submitted_to(r, cache).partitions, _start_nodes(r, shape) if status == STARTING else None,
+                   restart_s=req.restart_s)
     return req, view
 
 

@@ -34,13 +34,17 @@ def daemon(config_path, once, dry_run, state_dir, poll_interval_s):
     Reload the configuration with SIGHUP; stop cleanly with SIGTERM. Only one daemon may run per
     state directory.
     """
+    from slurm_elastic.backends.base import SlurmError
     from slurm_elastic.daemon.loop import Daemon, setup_logging
     from slurm_elastic.daemon.state import LockHeld
     from slurm_elastic.daemon.watchdog import sd_notify
 
     cfg = _load(config_path, state_dir=state_dir, poll_interval_s=poll_interval_s)
     setup_logging(cfg.log_level)
-    d = Daemon(cfg, config_path=config_path, dry_run=dry_run)
+    try:
+        d = Daemon(cfg, config_path=config_path, dry_run=dry_run)
+    except SlurmError as e:  # no backend can be used (e.g. SLURM_CONF names no file): say so, no traceback
+        raise click.ClickException(str(e)) from e
     # Signals and the watchdog first: a SIGTERM or a stall during the reconcile at start is handled too.
     d.install_signals()
     d.watchdog.start()
@@ -80,7 +84,10 @@ def plan(config_path, as_json):
     from slurm_elastic.daemon.loop import Daemon
 
     cfg = _load(config_path)
-    d = Daemon(cfg, dry_run=True)
+    try:
+        d = Daemon(cfg, dry_run=True)
+    except SlurmError as e:
+        raise click.ClickException(str(e)) from e
     try:
         from slurm_elastic.daemon.state import StateDB
 

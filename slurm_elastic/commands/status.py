@@ -84,6 +84,7 @@ def job_row(job: JobRecord) -> dict:
         "progress": None,  # the share of its reported work done, "unused" when the claim is not trusted
         "elastic": is_elastic_comment(job.comment),
         "spec_error": None,
+        "limits": None,  # per-type batch limits learned from out-of-memory failures (daemon/oom.py)
         "reason": job.state_reason if job.state_reason not in ("None", "") else "",
     }
     if row["elastic"]:
@@ -124,6 +125,10 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
     if view.get("model"):  # where the job's throughput model comes from (report, profile, default)
         row["model"] = view["model"]
         row["progress"] = progress_of(view["model"])
+    limits = view.get("limits")
+    if isinstance(limits, list) and limits:  # per-type batch limits learned from out-of-memory failures
+        row["limits"] = "; ".join(str(x) for x in limits)
+        row["reason"] = f"{row['reason']}; {row['limits']}".lstrip("; ")
     if view.get("report_error"):
         row["report_error"] = view["report_error"]
         row["reason"] = f"{row['reason']}; report not used: {view['report_error']}".lstrip("; ")
@@ -214,7 +219,8 @@ def load_daemon_views(state_dir: str | None) -> dict[int, dict]:
         views = db.job_views()
         for jid, m in (db.get_meta("models", {}) or {}).items():
             if isinstance(m, dict) and str(jid).isdigit():
-                views.setdefault(int(jid), {}).update(model=m.get("model"), report_error=m.get("report_error"))
+                views.setdefault(int(jid), {}).update(model=m.get("model"), report_error=m.get("report_error"),
+                                                      limits=m.get("limits"))
         return views
     except Exception:  # an older or locked database must not break status
         return {}

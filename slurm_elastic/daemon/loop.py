@@ -43,6 +43,7 @@ from slurm_elastic.daemon.journal import DBJournal, reconcile
 from slurm_elastic.daemon.logfmt import event, log, setup_logging
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
 from slurm_elastic.daemon.models import ModelRegistry
+from slurm_elastic.daemon.oom import OomBook
 from slurm_elastic.daemon.reports import RunEvidence
 from slurm_elastic.daemon.siterules import SiteRules
 from slurm_elastic.daemon.state import DaemonLock, StateDB
@@ -122,6 +123,7 @@ class Daemon:
         self.state.books = self.db.load_books()
         self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
         self.models.claims = ClaimBook.from_json(self.db.get_meta("claims", {}))
+        self.models.oom = OomBook.from_json(self.db.get_meta("oom_limits", {}))
         self._saved_specs = self.db.get_meta("valid_specs", {})
         self.state.spec_cache.last_valid.update(_restore_specs(self._saved_specs))
         self._was_elastic = set(self.db.job_views())
@@ -358,6 +360,10 @@ class Daemon:
                 event(logging.WARNING, "job changed outside the daemon", job=jid, detail=note)
         self._notes = dict(r.notes)
         self.policy.limit = dict(r.limit)
+        for job in records:  # a job restarting after running out of memory: not a fresh admission (daemon/oom.py)
+            most = self.models.oom.most_gpus(job)
+            if most is not None:
+                self.policy.limit[job.job_id] = min(most, self.policy.limit.get(job.job_id, most))
         if self.dry_run:
             return r.left_alone, records
         for jid, at in r.accept.items():
@@ -528,6 +534,9 @@ class Daemon:
                 del d[jid]
         self.db.set_meta("run_evidence", self.models.evidence.to_json())
         self.db.set_meta("claims", self.models.claims.to_json())
+        if self.models.oom.changed:
+            self.db.set_meta("oom_limits", self.models.oom.to_json())
+            self.models.oom.changed = False
         # The last valid spec of each job holding GPUs (what it falls back to if its Comment turns invalid)
         held = {str(v.job_id): snap.specs[v.job_id].to_comment() for v in snap.views
                 if v.gpus and v.job_id in snap.specs and v.job_id not in snap.degraded}
@@ -535,7 +544,8 @@ class Daemon:
         if held != self._saved_specs:
             self.db.set_meta("valid_specs", held)
             self._saved_specs = held
-        self.db.set_meta("models", {str(j): {"model": src, "report_error": self.models.problems.get(j)}
+        self.db.set_meta("models", {str(j): {"model": src, "report_error": self.models.problems.get(j),
+                                             "limits": self.models.oom.notes(j)}
                                     for j, src in self.models.sources.items()})
         for jid, err in snap.errors.items():
             rows.append({"job_id": jid, "reason": f"bad spec: {err}"})

@@ -7,11 +7,12 @@ The one place where a job's own reports (``throughput.json``) enter the daemon: 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord
 from slurm_elastic.claims import ClaimBook, Evidence
 from slurm_elastic.daemon.logfmt import event
+from slurm_elastic.daemon.oom import OomBook
 from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
 from slurm_elastic.daemon.userfiles import UserFileError
 from slurm_elastic.daemon.userfiles import read_json as read_user_json
@@ -64,6 +65,7 @@ class ModelRegistry:
     typed_obs: dict = field(default_factory=dict)
     last_type: dict = field(default_factory=dict)
     ratios: TypeRatios = field(default_factory=TypeRatios)
+    oom: OomBook = field(default_factory=OomBook)  # per-type batch limits learned from out-of-memory failures
 
     def note_nodes(self, nodes) -> None:
         self.node_types = {n.name: n.gpu_type for n in nodes}
@@ -207,6 +209,11 @@ class ModelRegistry:
             prior, kind = DEFAULT_MODEL, "prior"
         running = job.gpus_total if job.is_running else 0
         here = self._type_now(job)
+        self.oom.observe(job, spec, spec.checkpoint_dir(job.job_id, job.work_dir), here, self.node_size)
+        if self.oom.limits.get(job.job_id) or job.job_id in self.oom.restart:
+            why, below = self.oom.restart_reason(job)
+            self.progress[job.job_id] = replace(self.progress[job.job_id], local_batch_limits=self.oom.of(job.job_id),
+                                                restart_now=why, restart_below=below)
         typed = self._by_type(job, obs, here) if here else {}
         if here and typed:  # its reports on the type it runs on (else the prior); the others per type
             obs = typed.get(here, [])
@@ -263,4 +270,5 @@ class ModelRegistry:
         self.restarts = {k: v for k, v in self.restarts.items() if k[0] in live}
         self.typed_obs = {j: v for j, v in self.typed_obs.items() if j in live}
         self.last_type = {j: v for j, v in self.last_type.items() if j in live}
+        self.oom.forget(live)
         self.ratios.keep_last(MAX_RATIO_JOBS)  # finished jobs' ratios go on teaching the cluster

@@ -153,11 +153,11 @@ def make_candidates(
     mins = [int(t.counts[0]) if len(t) and refs[j] > 0 else 0 for j, t in enumerate(tabs)]  # 0 = cannot run
     running = [r.running_gpus for r in jobs]
     # A frozen running job (in its rescale cooldown) can only keep its count: its minimum is that count.
-    frozen = [bool(r.frozen and r.running_gpus > 0 and mins[j] and tabs[j].index(r.running_gpus) >= 0)
-              for j, r in enumerate(jobs)]
+    frozen = [bool(r.frozen and r.running_gpus > 0 and mins[j]) for j, r in enumerate(jobs)]
+    frozen_at = [_frozen_count(tabs[j], running[j]) if frozen[j] else 0 for j in range(n)]
     for j in range(n):
         if frozen[j]:
-            mins[j] = running[j]
+            mins[j] = frozen_at[j]
     status = [NOT_ADMITTED] * n
     reasons: dict[int, str] = {}
     free = int(problem.total_gpus)
@@ -220,7 +220,7 @@ def make_candidates(
         t = tabs[j]
         mat = t.mat
         if frozen[j]:
-            i = t.index(running[j])
+            i = t.index(frozen_at[j])
             mat = mat[:, i:i + 1]
         if status[j] == OPTIONAL:
             pieces.append(_ZERO7)
@@ -277,7 +277,7 @@ def make_candidates(
         req = jobs[j]
         cur = current_samples_per_s(req, ns)
         current[j] = cur
-        ti = 0 if frozen[j] else tabs[j].index(req.running_gpus)
+        ti = (0 if frozen_at[j] == running[j] else -1) if frozen[j] else tabs[j].index(req.running_gpus)
         if ti < 0:
             continue
         flat = int(offsets[q]) + ti + (1 if status[j] == OPTIONAL else 0)
@@ -547,6 +547,18 @@ def _better_elsewhere(plan: Candidates, chosen_flat: np.ndarray, spare: int) -> 
     better = ((np.arange(pos.size) != c) & (plan.weights <= plan.weights[c] + spare) & (plan.cols[0] > 0)
               & (plan.gross > plan.values[c] + 1e-12))
     return (np.bincount(pos[better], minlength=n) > 0) | (plan.factor <= 0), better
+
+
+def _frozen_count(t, running: int) -> int:
+    """The one count a frozen running job is given: the one it runs at; where its table no longer has it
+    (a batch limit learned from an out-of-memory failure, daemon/oom.py, rules it out) the fewest above
+    it, else the most below. Never a free choice: a report the daemon cannot verify would otherwise buy
+    a grow past the cooldown that holds its twin."""
+    if t.index(running) >= 0:
+        return running
+    counts = [int(k) for k in t.counts]
+    above = [k for k in counts if k > running]
+    return min(above) if above else max(counts)
 
 
 def _plural(k: int) -> str:

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import protocol
+from . import oom, protocol
 from .assignment import Assignment, AssignmentError, resolve_assignment
 from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
 from .dist import DistContext, init_distributed
@@ -233,6 +233,7 @@ class ElasticJob:
         self._lock_fd: int | None = None
         self.lock_wait_s = lock_wait_s
         self.pacer: Pacer | None = None  # emulated GPUs: the spec's pace= (see .pacing)
+        self.min_local_batch: int | None = None  # the spec's, for .oom: no smaller batch to learn below it
 
     @classmethod
     def create(cls, ckpt_dir: str | os.PathLike | None = None, **kwargs) -> ElasticJob:
@@ -282,7 +283,8 @@ class ElasticJob:
                                           ("global_batch", "local_batch", "accum", "source", "seq")},
                            "requested_batch": a.spec.requested_batch if a.spec is not None else None,
                            "resume": getattr(a.spec, "resume", None) if a.spec is not None else None,
-                           "pace": a.spec.pace if a.spec is not None else None}
+                           "pace": a.spec.pace if a.spec is not None else None,
+                           "min_local_batch": a.spec.min_local_batch if a.spec is not None else None}
             except Exception as e:
                 store.set(_ASSIGN_KEY, json.dumps({"ok": False, "error": str(e)}))
                 raise
@@ -298,6 +300,7 @@ class ElasticJob:
                                          info["source"], info["seq"], None)
             self._requested_batch = info["requested_batch"]
             pace = info.get("pace")
+        self.min_local_batch = (payload if self.rank == 0 else info).get("min_local_batch")
         if (payload if self.rank == 0 else info).get("resume") == "must":
             self.resume = "must"  # the spec's resume=must (the resubmit line `slurm-elastic stop` prints)
         a = self.assignment
@@ -460,6 +463,9 @@ class ElasticJob:
             self.lr.load_state_dict(prev)
         self.lr.set_batch(a.global_batch, self.samples_seen)
         self.apply_lr()
+        # From here on (the checkpoint loaded, training next) an out-of-memory error is reported as this
+        # start's batch limit; one while loading the checkpoint is not the batch's doing.
+        oom.register(self)
         self._start_index = len(self.history)
         self.history.append({"restart_count": self.senv.restart_count, "job_id": self.senv.job_id,
                              "world_size": self.world_size, "global_batch": a.global_batch,
@@ -794,6 +800,7 @@ class ElasticJob:
     def _teardown(self) -> None:
         # From here on a stop request changes nothing; ignore it so it cannot kill the exiting task.
         self.flag.quiesce()
+        oom.unregister(self)
         if dist.is_initialized():
             dist.barrier()
             if self.rank == 0 and self.ctx and self.ctx.rdzv_file is not None:

@@ -20,6 +20,10 @@ all nodes of the job, since rank 0 of the next start may run elsewhere). Names c
     the wall time of its first training step (and of the stop before it), for the restart cost.
 ``done.<job>.json``
     training finished (all epochs); the job exits 0.
+``oom.<job>.<restart>.json``
+    a training step of this start ran out of GPU memory at its local batch (see :mod:`.oom`); written with
+    the stop ack (the last checkpoint is what the next start resumes from), the tasks then exit with
+    :data:`EXIT_CHECKPOINTED`. The daemon checks it against the decision of that start (:func:`parse_oom`).
 ``rendezvous/<job>.<restart>.<step>.json``
     rank 0's address and TCP port for this start (see :mod:`slurm_elastic.train.dist`).
 
@@ -52,6 +56,10 @@ def ack_path(ckpt_dir: str | os.PathLike, job_id: str | int, restart_count: int)
 
 def stop_request_path(ckpt_dir: str | os.PathLike, job_id: str | int, restart_count: int) -> Path:
     return Path(ckpt_dir) / f"stop-request.{job_id}.{restart_count}"
+
+
+def oom_path(ckpt_dir: str | os.PathLike, job_id: str | int, restart_count: int) -> Path:
+    return Path(ckpt_dir) / f"oom.{job_id}.{restart_count}.json"
 
 
 def done_path(ckpt_dir: str | os.PathLike, job_id: str | int) -> Path:
@@ -221,3 +229,26 @@ def parse_report(data: dict) -> dict:
     total = _finite(data.get("total_samples"), 1.0, MAX_SAMPLES)
     return {"points": points, "noise_scale": ns, "base_batch": bb, "starts": starts, "samples_seen": seen,
             "total_samples": total}
+
+
+MAX_WORLD = 1 << 20
+
+
+def _count(v, hi: int) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= hi else None
+
+
+def parse_oom(data, job_id: str | int, restart_count: int) -> dict | None:
+    """An out-of-memory report (``oom.<job>.<restart>.json``) as ``{"local_batch", "accum",
+    "world_size", "global_batch"}``, or None unless it is for this job and start and every count is an
+    int in range (a bool, float or string is refused, never rounded). It is the job's claim: the daemon
+    also checks it against the decision it gave that start."""
+    if not isinstance(data, dict) or str(data.get("job_id")) != str(job_id):
+        return None
+    rc = data.get("restart_count")
+    if not isinstance(rc, int) or isinstance(rc, bool) or rc != restart_count:  # 2.0 is not a count either
+        return None
+    out = {"local_batch": _count(data.get("local_batch"), MAX_BATCH), "accum": _count(data.get("accum"), MAX_BATCH),
+           "world_size": _count(data.get("world_size"), MAX_WORLD),
+           "global_batch": _count(data.get("global_batch"), MAX_BATCH)}
+    return out if None not in out.values() else None

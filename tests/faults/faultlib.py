@@ -16,6 +16,20 @@ TEMPLATE = REPO / "sbatch_templates" / "elastic_ddp.sbatch"
 EXAMPLE = REPO / "examples" / "train_elastic_spiral.py"
 DRIVER = Path(__file__).resolve().parent / "fault_daemon.py"
 SPEC = "elastic:min_gpus=1,max_gpus=4,min_batch=32,max_batch=512,max_local_batch=32,batch=64"
+# A job step that reports its first step and acknowledges the daemon's stop as the in-job library does
+# (throughput.json ``starts`` for this restart: the planner's stability guard resizes no job before its
+# first step at its size, for 4 x its restart cost, 60..900 s, planner.settle_s; then
+# stop-ack.<job>.<restart>.json in its ckpt dir on USR2, and exit), so the daemon can resize it; $1 is the
+# ckpt dir as the job sees it.
+ACKING = """#!/bin/bash
+srun --ntasks=1 bash -c '
+r=${SLURM_RESTART_COUNT:-0}; t="$0/throughput.json.tmp"
+printf "{\\"format\\": 1, \\"starts\\": [{\\"restart_count\\": %s, \\"first_step\\": %s}]}" "$r" "$(date +%s)" > "$t" && mv "$t" "$0/throughput.json"
+ack() { r=${SLURM_RESTART_COUNT:-0}; f="$0/stop-ack.$SLURM_JOB_ID.$r.json";
+        printf "{\\"job_id\\": \\"%s\\", \\"restart_count\\": %s}" "$SLURM_JOB_ID" "$r" > "$f.tmp" && mv "$f.tmp" "$f"; exit 0; }
+trap ack USR2; while :; do sleep 1; done' "$1"
+sleep 30
+"""
 
 
 def write_config(path: Path, state_dir: Path, **over) -> Path:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultlib import jobs_by_id, scancel, unix_users, wait_for
+from faultlib import ACKING, jobs_by_id, scancel, unix_users, wait_for
 
 from slurm_elastic.daemon.config import config_from_dict
 from slurm_elastic.daemon.loop import Daemon
@@ -25,19 +25,6 @@ pytestmark = [pytest.mark.slurm]
 USERS = ("h24c_f", "h24c_h")
 MANAGED_GPUS = 8  # lua_cluster's partition gpu: node1, node2 x 4 GPUs
 SPEC = "elastic:min_gpus=1,max_gpus=4,min_batch=64,max_batch=1024,max_local_batch=256,batch=64"
-# A job step that reports its first step and acknowledges the daemon's stop as the in-job library does
-# (throughput.json ``starts`` for this restart: the planner resizes no job before its first step at its
-# size, for settle_timeout_s; stop-ack.<job>.<restart>.json in its ckpt dir, then exit), so the daemon can
-# resize it; $1 is the ckpt dir as the job sees it.
-ACKING = """#!/bin/bash
-srun --ntasks=1 bash -c '
-r=${SLURM_RESTART_COUNT:-0}; t="$0/throughput.json.tmp"
-printf "{\\"format\\": 1, \\"starts\\": [{\\"restart_count\\": %s, \\"first_step\\": %s}]}" "$r" "$(date +%s)" > "$t" && mv "$t" "$0/throughput.json"
-ack() { r=${SLURM_RESTART_COUNT:-0}; f="$0/stop-ack.$SLURM_JOB_ID.$r.json";
-        printf "{\\"job_id\\": \\"%s\\", \\"restart_count\\": %s}" "$SLURM_JOB_ID" "$r" > "$f.tmp" && mv "$f.tmp" "$f"; exit 0; }
-trap ack USR2; while :; do sleep 1; done' "$1"
-sleep 30
-"""
 
 
 @pytest.fixture

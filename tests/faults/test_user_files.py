@@ -7,6 +7,10 @@ user's directory or a system directory, asks for ``weight=1000000``, puts contro
 key and a newline in a job name. ``h11a_u2`` submits ordinary jobs, which must be started by the same
 cycles. One cluster, one daemon (in this process, so that its snapshot and RSS can be read), several
 RELIABILITY rows.
+
+On the same cluster and users, a second daemon reads hostile out-of-memory reports
+(``oom.<job>.<restart>.json``: FIFO, symlink, oversized, bad numbers, another batch, job or restart) and
+reports forged to match the start's decision, each forger against an honest twin of the other user.
 """
 
 from __future__ import annotations
@@ -276,3 +280,203 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
     rows["paths"].figure("refused at submit", f"{refused}/2")
     rows["paths"].figure("bad specs kept held (never acted on)", bad_spec_held)
     rows["restart"].figure("restart + cycle s", f"{restart_s:.2f}")
+
+
+OOM_ONE = "elastic:min_gpus=1,max_gpus=1,min_batch=64,max_batch=64,max_local_batch=64,max_accum=2,batch=64"
+# The twins: 1 GPU at 1 x 64 fits a local batch below 64 with accumulation (A) or not at all (B: 2 GPUs).
+OOM_TWIN_A = "elastic:min_gpus=1,max_gpus=4,min_batch=64,max_batch=256,max_local_batch=64,max_accum=2,batch=64"
+OOM_TWIN_B = OOM_TWIN_A.replace("max_accum=2", "max_accum=1")
+# (case, what the daemon's reason must say): one case per cycle and per job, two hostile jobs
+OOM_ROUNDS = (
+    (("fifo", "is a FIFO, not a regular file"), ("nan", "not strict JSON")),
+    (("symlink_rootonly", "is a symlink (not followed)"), ("huge_float", "not strict JSON")),
+    (("oversized", "5000 bytes, more than the 4096 allowed"), ("huge_int", "not a report for this job and start")),
+    (("negative", "not a report for this job and start"), ("not_decision", "is not this start's decision")),
+    (("other_users_job", "not a report for this job and start"), ("other_restart", "not a report for this job and start")),
+)
+
+
+def plant_oom(case: str, path: Path, pw, rootonly: Path, jid: int, other_jid: int) -> None:
+    """The hostile out-of-memory report of ``case`` at ``path``, owned by the job's user; whatever was there
+    before is removed first."""
+    path.unlink(missing_ok=True)
+    rep = {"format": 1, "job_id": str(jid), "restart_count": 0, "local_batch": 64, "accum": 1, "world_size": 1,
+           "global_batch": 64}  # the decision of this start (1 x 64): each case spoils one thing
+    if case == "fifo":
+        os.mkfifo(path)
+    elif case == "symlink_rootonly":
+        path.symlink_to(rootonly)
+    elif case == "oversized":
+        path.write_text(json.dumps(rep).ljust(5000))
+    elif case in ("nan", "huge_float"):
+        path.write_text(json.dumps(rep).replace('"local_batch": 64', '"local_batch": '
+                                                + ("NaN" if case == "nan" else "1e400")))
+    else:
+        rep.update({"huge_int": {"local_batch": 1 << 40}, "negative": {"local_batch": -64},
+                    "not_decision": {"local_batch": 32, "accum": 2},  # a valid shape of the spec, not this start's
+                    "other_users_job": {"job_id": str(other_jid)}, "other_restart": {"restart_count": 1}}[case])
+        path.write_text(json.dumps(rep))
+    own(path, pw, link=case.startswith("symlink"))
+
+
+@pytest.mark.parametrize("lua_cluster", ["host"], indirect=True)  # the host's Slurm only, like the row above
+def test_hostile_out_of_memory_reports(lua_cluster, users, tmp_path, reliability):
+    from faultlib import ACKING
+
+    from slurm_elastic.spec import parse_decision
+    from slurm_elastic.train.protocol import CHECKPOINT_NAME, oom_path
+
+    reliability("user files", "hostile out-of-memory reports (oom.<job>.<restart>.json, read by the root daemon)",
+                "FIFO, symlink to a root-only file, 5000-byte file, NaN / 1e400 / 2^40 / negative local batch, a "
+                "batch that is not the start's decision, another user's job id, another restart; then reports "
+                "forged to match the start's decision by two jobs in their cooldown, each against an honest twin "
+                "(same spec, other user), with 4 GPUs free (2 users, plugin on)",
+                "every cycle completes and starts the other user's new jobs; each bad report named in the log with "
+                "the job and the path, no limit learned from it; a forger is restarted below its batch and gets no "
+                "more GPUs than its twin (1) but the fewest its own claim requires (2 where 1 GPU cannot run "
+                "batch 64 below local batch 64 without accumulation), never the free GPUs; no job lost, left "
+                "held or without its checkpoint")
+    c = lua_cluster
+    u1, u2 = users[USERS[0]], users[USERS[1]]
+    base = Path(tempfile.mkdtemp(prefix="h23o-", dir=c.script.parent))
+    os.chmod(base, 0o755)
+    rootonly = base / "rootonly.json"
+    rootonly.write_text(json.dumps({"job_id": "1", "restart_count": 0, "local_batch": 64, "accum": 1,
+                                    "world_size": 1, "global_batch": 64}))
+    os.chmod(rootonly, 0o600)
+    acking = base / "acking.sh"
+    acking.write_text(ACKING)
+    acking.chmod(0o755)
+    logbuf = io.StringIO()
+    handler = logging.StreamHandler(logbuf)
+    handler.setFormatter(LogfmtFormatter())
+    logger = logging.getLogger("slurm_elastic")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    ids: list[int] = []
+    dirs: dict[int, Path] = {}
+    d = None
+
+    def submit(pw, name, spec, script=None):
+        p = base / f"{pw.pw_name}-{name}"
+        p.mkdir()
+        os.chmod(p, 0o755)
+        own(p, pw)
+        ck = p / CHECKPOINT_NAME  # stands for the job's last checkpoint: it must outlive every report
+        ck.write_text(name)
+        own(ck, pw)
+        argv = ["--requeue", "--gres=gpu:1", "-o", "/dev/null", "--partition=gpu", f"--job-name=h23o-{name}",
+                f"--comment={spec},ckpt_dir={p}", str(script or c.script)] + ([str(p)] if script else [])
+        jid = c.sbatch(argv, cwd=p, user=pw.pw_name)
+        ids.append(jid)
+        dirs[jid] = p
+        return jid
+
+    try:
+        # 2 of node2's GPUs held by a rigid job: the other 6 take the two hostile jobs and the two pairs of
+        # twins at 1 GPU each (submitted in this order: earlier = higher priority). The rigid job's GPUs then
+        # go to the other user's new jobs, which end before the forgeries: 4 GPUs are free for a forger.
+        rigid = c.sbatch(["--gres=gpu:2", "-w", "node2", "-o", "/dev/null", "--partition=gpu", str(c.script)])
+        ids.append(rigid)
+        wait_for(lambda: jobs_by_id(c, [rigid])[rigid].is_running, 60, "the rigid job to run")
+        h1, h2 = submit(u1, "h1", OOM_ONE), submit(u1, "h2", OOM_ONE)
+        twins = {k: (submit(u2, f"twin{k}", s, acking), submit(u1, f"forger{k}", s, acking))
+                 for k, s in (("A", OOM_TWIN_A), ("B", OOM_TWIN_B))}
+        forgers = [f for _, f in twins.values()]
+        cfg = config_from_dict({"state_dir": str(tmp_path / "state"), "metrics_address": "", "cooldown_s": 3600,
+                                "partitions": ["gpu"], "max_gpus_per_user": 8, "poll_interval_s": 2,
+                                "ack_timeout_s": 60, "restart_cost_s": 5})
+        d = Daemon(cfg, backend=c.backend)
+        d.open()
+        times = []
+
+        def cycle():
+            t0 = time.monotonic()
+            res = d.cycle()
+            times.append(time.monotonic() - t0)
+            assert res is not None
+            return res
+
+        first = [h1, h2, *[j for pair in twins.values() for j in pair]]
+        cycle()
+        recs = wait_for(lambda: (r := jobs_by_id(c, first)) and all(x.is_running for x in r.values()) and r, 60,
+                        "the hostile jobs and the twins to run")
+        assert all(x.gpus_total == 1 for x in recs.values()), recs
+        scancel(c, [rigid])
+        wait_for(lambda: not jobs_by_id(c, [rigid])[rigid].is_active, 60, "the rigid job to end")
+
+        named, late = 0, []
+        other = twins["A"][0]  # the other user's job whose id a report names
+        for i, round_ in enumerate(OOM_ROUNDS):
+            for jid, (case, _) in zip((h1, h2), round_, strict=True):
+                plant_oom(case, oom_path(dirs[jid], jid, 0), u1, rootonly, jid, other)
+            if i in (0, 2):  # the other user's new job, started by the same cycles
+                late.append(submit(u2, f"late{i}", OOM_ONE))
+            res = cycle()
+            if i in (0, 2):
+                started = {x.action.job_id for x in res.results if x.action.kind == "start" and x.status == "done"}
+                assert late[-1] in started, [str(a) for a in res.results]
+            log_text = logbuf.getvalue()
+            for jid, (case, why) in zip((h1, h2), round_, strict=True):
+                problem = d.models.oom.problems.get(jid, "")
+                path = str(oom_path(dirs[jid], jid, 0))
+                assert path in problem and why in problem, (case, problem)
+                assert any(f"job={jid}" in ln and path in ln and "out-of-memory report not used" in ln
+                           for ln in log_text.splitlines()), (case, log_text[-2000:])
+                named += 1
+        assert not {h1, h2, other} & set(d.models.oom.limits), d.models.oom.limits  # nothing learned from them
+        recs = wait_for(lambda: (r := jobs_by_id(c, late)) and all(x.is_running for x in r.values()) and r, 60,
+                        "the other user's new jobs to run")
+        late_lost = sum(1 for x in recs.values() if not x.is_active)
+        scancel(c, late)  # they were started; their GPUs are now free for whoever may take them
+        wait_for(lambda: not any(x.is_active for x in jobs_by_id(c, late).values()), 60, "the new jobs to end")
+
+        # The forgers: a report that matches the start's decision, as an honest out-of-memory failure
+        # would write it. The daemon cannot tell; it costs the forger a restart below that batch. The twins
+        # (in cooldown) cannot take the free GPUs: a forger must not take them either.
+        decs = {}
+        for f in forgers:
+            dec = decs[f] = parse_decision(jobs_by_id(c, [f])[f].admin_comment, f)
+            path = oom_path(dirs[f], f, 0)
+            path.write_text(json.dumps({"format": 1, "job_id": str(f), "restart_count": 0,
+                                        "local_batch": dec.local_batch, "accum": dec.accum, "world_size": dec.gpus,
+                                        "global_batch": dec.batch}))
+            own(path, u1)
+
+        def restarted():
+            cycle()
+            r = jobs_by_id(c, ids)
+            return all(r[f].is_running and r[f].restart_count >= 1 for f in forgers) and r
+
+        wait_for(restarted, 90, "the forgers to run again after their restart")
+        for _ in range(3):  # and the cycles after their restart
+            cycle()
+        recs = jobs_by_id(c, ids)
+        gpus = {k: (recs[t].gpus_total, recs[f].gpus_total) for k, (t, f) in twins.items()}
+        new = {f: parse_decision(recs[f].admin_comment, f) for f in forgers}
+        print(f"\nforgers {[(decs[f].gpus, decs[f].local_batch, decs[f].accum) for f in forgers]} -> "
+              f"{[(new[f].gpus, new[f].local_batch, new[f].accum) for f in forgers]}; GPUs twin / forger {gpus}; "
+              f"cycles s max {max(times):.2f}")
+        for f in forgers:
+            assert d.models.oom.notes(f) == [f"local batch <= {decs[f].local_batch - 1} on its GPUs: out of memory "
+                                             f"at {decs[f].local_batch}"], d.models.oom.notes(f)
+            assert new[f].local_batch < decs[f].local_batch, (decs[f], new[f])
+        log = [(f, x["action"], x["reason"]) for f in forgers for x in d.db.decisions(f)]
+        assert gpus == {"A": (1, 1), "B": (1, 2)}, (gpus, log)  # B: the fewest that run batch 64 at local <= 63, not 4
+        assert all((dirs[j] / CHECKPOINT_NAME).exists() for j in dirs)
+        lost = late_lost + sum(1 for j in first if not recs[j].is_active)
+        left_held = sum(1 for j in first if recs[j].held)
+    finally:
+        if d is not None:
+            d.close()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        scancel(c, ids)
+        shutil.rmtree(base, ignore_errors=True)
+    assert lost == 0 and left_held == 0
+    reliability.jobs(lost=lost, left_held=left_held)
+    reliability.figure("bad reports named (job + path)", named)
+    reliability.figure("cycle s (max)", f"{max(times):.2f}")
+    reliability.figure("GPUs twin / forger after the forged report (A: accumulation, B: none; 4 free)",
+                       f"A {gpus['A'][0]} / {gpus['A'][1]}, B {gpus['B'][0]} / {gpus['B'][1]}")

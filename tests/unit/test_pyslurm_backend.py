@@ -5,6 +5,7 @@ The live behaviour (22.05 on the host, 24.11 in the chroot) is in tests/integrat
 
 import io
 import json
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -251,3 +252,34 @@ def test_default_backend_survives_a_bad_slurm_conf(tmp_path, monkeypatch, caplog
     assert cfg.backend == "auto"
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("backend: cli")]
     assert line and "auto" in line[0] and "using the CLI because" in line[0], caplog.text
+
+
+def test_probe_fails_fast_naming_a_missing_slurm_conf(tmp_path, monkeypatch):
+    """A SLURM_CONF naming no file is refused before the child starts (libslurm would retry it for 60 s):
+    the reason names the variable and the path; ``auto`` and ``pyslurm`` fail with it at once."""
+    from slurm_elastic.backends import choose
+
+    def no_child(*a, **k):
+        raise AssertionError("the probe started a child for a SLURM_CONF that names no file")
+
+    monkeypatch.setattr(choose.subprocess, "run", no_child)
+    gone = tmp_path / "etc" / "slurm.conf"
+    version, why = choose.probe_pyslurm(env={"SLURM_CONF": str(gone)})
+    assert version is None and f"SLURM_CONF={gone} does not exist" in why and "60 s" in why
+    version, why = choose.probe_pyslurm(env={"SLURM_CONF": str(tmp_path)})
+    assert version is None and "is not a file" in why
+    assert "empty" in choose.probe_pyslurm(env={"SLURM_CONF": ""})[1]
+    cli = CliBackend(bin_dir=str(tmp_path), env={"SLURM_CONF": str(gone)})
+    for kind in ("auto", "pyslurm"):  # the CLI's scontrol would wait as long on every call: no fallback
+        with pytest.raises(SlurmError, match=f'backend = "{kind}" cannot be used: SLURM_CONF=.* does not exist'):
+            choose.choose_backend(kind, cli)
+    assert choose.choose_backend("cli", cli)[0] is cli  # asked for by name: its own errors say it
+    # an existing file (or none set) still goes to the child, which is what decides
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+    calls = []
+    monkeypatch.setattr(choose.subprocess, "run", lambda argv, **k: calls.append(k["env"]) or
+                        subprocess.CompletedProcess(argv, 1, "", "boom"))
+    assert choose.probe_pyslurm(env={"SLURM_CONF": str(conf)}) == (None, "'import pyslurm' fails: boom")
+    assert choose.probe_pyslurm(env={}) == (None, "'import pyslurm' fails: boom")
+    assert calls[0]["SLURM_CONF"] == str(conf) and "SLURM_CONF" not in calls[1]
