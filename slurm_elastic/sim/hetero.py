@@ -28,11 +28,13 @@ the set of types the job ran on.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from slurm_elastic.profiles.pertype import SIA_CLUSTER, SIA_RESTART_S, sia_model, sia_model_on_type
+from slurm_elastic.profiles.pertype import SIA_CLUSTER, SIA_RESTART_S, SIA_TYPES, app_of, sia_model
+from slurm_elastic.profiles.types import OnType, TypeRatios, model_on_type
 from slurm_elastic.sim.engine import SimConfig, SimResult, Simulation
 from slurm_elastic.sim.workloads import WorkloadJob, read_pollux
 
@@ -63,14 +65,120 @@ def read_sia_workload(n: int, *, restart: str = "sia", data: Path | str = SIA_DA
     return [replace(w, spec=replace(w.spec, restart_s=SIA_RESTART_S[w.spec.profile])) for w in jobs]
 
 
+# Sia's simulator scales every step time by a per-model slowdown (its applications' measured tables ran
+# faster than the jobs of its traces); applied here to what every job runs at, under every policy alike.
+SIA_SLOWDOWN = {"cifar10": 1.8, "ncf": 1.5}
+DEFAULT_SLOWDOWN = 1.2
+
+
+def true_model(app: str, gpu_type: str):
+    """What a job of ``app`` runs at on ``gpu_type``: Sia's table there, its step times scaled by the
+    model's slowdown. What a profile of the job on that type would measure."""
+    return _true_model(app, gpu_type)
+
+
+@lru_cache(maxsize=None)
+def _true_model(app, gpu_type):
+    slow = SIA_SLOWDOWN.get(app, DEFAULT_SLOWDOWN)
+    return OnType(sia_model(app, gpu_type), 1.0 / slow, gpu_type, "measured")
+
+
 def type_models(w: WorkloadJob, model) -> dict:
     """A job's true table on each type of the cluster."""
-    return {t: sia_model(w.spec.profile, t) for _, _, t in SIA_CLUSTER}
+    return {t: true_model(w.spec.profile, t) for _, _, t in SIA_CLUSTER}
 
 
-def profiled_model_for_type(record, spec, model, gpu_type, home=""):
-    """What a ``profiled`` run tells the policy: the job's measured table on that type."""
-    return sia_model_on_type(model, gpu_type)
+class Known(OnType):
+    """A job's model as its own reports make it (``Learner``): ``inner`` scaled by ``ratio`` to
+    ``gpu_type`` (1 where it measured), with its tables on the other types it measured (``on_type``)."""
+
+    def __init__(self, inner, ratio, gpu_type, provenance, by_type):
+        super().__init__(inner, ratio, gpu_type, provenance)
+        self.by_type = by_type
+
+    def on_type(self, gpu_type: str):
+        return self.by_type.get(gpu_type)
+
+
+class Profiled:
+    """What a ``profiled`` run tells the policy (Sia's bootstrap, its cost not charged): every job's
+    true table on every type, the one it runs on included."""
+
+    def model_now(self, record, model, backend):
+        j = backend.jobs[record.job_id]
+        if not j.nodes:
+            return model
+        return true_model(app_of(model), backend.node_type[j.nodes[0]])
+
+    def model_for_type(self, record, spec, model, gpu_type, home=""):
+        app = app_of(model)
+        return true_model(app, gpu_type) if app is not None and gpu_type in SIA_TYPES else None
+
+
+class Learner:
+    """What the daemon knows of a job's speed per type, learned as it learns it (``job`` knowledge).
+
+    A job knows its own model (its ``profile=``: Pollux's T4 table, without Sia's slowdown) until it
+    trains on a type; from then on it knows its true table there (what its reports give the daemon,
+    daemon/models.py). Per-type models go through the daemon's rule, ``profiles.types.model_on_type``
+    with one ``TypeRatios`` for the cluster: a type it measured, else its measured (or prior) model
+    scaled by the ratio the cluster's jobs measured between the two types (same app first: ``family``),
+    shrunk toward the prior. A job that trained on two types gives the cluster its ratio, the geometric
+    mean over the configurations it ran at of its tables there (what ``measured_pairs`` gives where the
+    daemon has points at the same configuration on both)."""
+
+    def __init__(self):
+        self.ratios = TypeRatios()
+        self.runs: dict = {}  # job id -> {type: configurations (gpus, nodes, local, accum) it trained at}
+        self.last: dict = {}  # job id -> the type it trained on last
+        self._cache: dict = {}
+
+    def _observe(self, j, backend) -> str:
+        """The type the job is on now ("" none); records a configuration it trains at."""
+        if not j.nodes:
+            return ""
+        t = backend.node_type[j.nodes[0]]
+        if j.phase == "training" and j.rate > 0:
+            runs = self.runs.setdefault(j.job_id, {})
+            cfg = (j.gpus, j.num_nodes, j.local_batch, j.accum)
+            new_type = t not in runs
+            runs.setdefault(t, set()).add(cfg)
+            self.last[j.job_id] = t
+            if new_type and len(runs) > 1:
+                app = app_of(j.model)
+                for a in runs:
+                    if a != t and app is not None:
+                        cfgs = runs[a] | runs[t]
+                        logs = [np.log(true_model(app, t).samples_per_s(*c) / true_model(app, a).samples_per_s(*c))
+                                for c in cfgs]
+                        self.ratios.observe(j.job_id, a, t, float(np.exp(np.mean(logs))), family=app)
+        return t
+
+    def model_now(self, record, model, backend):
+        j = backend.jobs[record.job_id]
+        here = self._observe(j, backend) or self.last.get(j.job_id, "")
+        app = app_of(model)
+        measured = self.runs.get(j.job_id, {})
+        if app is None or not here:
+            return model
+        by_type = {t: true_model(app, t) for t in measured}
+        if here in by_type:
+            base, src, r = by_type[here], here, (1.0, "measured")
+        elif by_type:
+            src = self.last.get(j.job_id) if self.last.get(j.job_id) in by_type else next(iter(by_type))
+            base, r = by_type[src], self.ratios.ratio(src, here, app) or (1.0, "unscaled")
+        else:
+            base, src, r = model, "", self.ratios.ratio("", here, app) or (1.0, "unscaled")
+        key = (here, src, tuple(sorted(by_type)), round(r[0], 4))
+        hit = self._cache.get(j.job_id)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        m = Known(base, r[0], here, r[1], by_type)
+        self._cache[j.job_id] = (key, m)
+        return m
+
+    def model_for_type(self, record, spec, model, gpu_type, home=""):
+        return model_on_type(model, gpu_type, home, self.ratios, family=spec.profile or "")
 
 
 def parse_policy(spec: str):
@@ -97,8 +205,9 @@ def run(policy_spec: str, n: int, *, restart: str = "sia", data: Path | str = SI
     policy, knowledge = parse_policy(policy_spec)
     cfg = config or sia_config(restart=restart)
     wl = jobs if jobs is not None else read_sia_workload(n, restart=restart, data=data)
-    sim = Simulation(wl, policy, cfg, type_models_for_job=type_models,
-                     model_for_type=profiled_model_for_type if knowledge == "profiled" else None)
+    know = Profiled() if knowledge == "profiled" else Learner()
+    sim = Simulation(wl, policy, cfg, type_models_for_job=type_models, model_for_type=know.model_for_type,
+                     model_now=know.model_now)
     res = sim.run()
     m = hetero_metrics(res, wl, cfg)
     m.update(policy_spec=policy_spec, workload=n, restart=restart, knowledge=knowledge)
@@ -125,7 +234,7 @@ def alone_s(w: WorkloadJob, cfg: SimConfig) -> float:
             nodes = spec.placement(k, size)[0]
         except ValueError:  # a count that fills no whole nodes of this size: spread as evenly as it goes
             nodes = -(-k // size)
-        rate = sia_model(spec.profile, t).samples_per_s(k, nodes, local, accum) * eff
+        rate = true_model(spec.profile, t).samples_per_s(k, nodes, local, accum) * eff
         best = min(best, w.total_samples / rate)
     first = (spec.restart_s if spec.restart_s is not None else cfg.rescale_cost_s) if cfg.first_start_charge else 0.0
     return float(best + first)
