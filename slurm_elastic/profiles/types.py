@@ -94,10 +94,13 @@ class TypeRatios:
     def __init__(self, speeds: Mapping[str, float] | None = None):
         self._by_job: dict[object, dict[tuple[str, str], float]] = {}
         self._family: dict[object, str] = {}
+        self._weight: dict[object, float] = {}
         # the prior: the built-in measured table, with what the site measured (daemon ``gpu_speed``) over it
         self.set_speeds(speeds or {})
 
-    def observe(self, job_id, a: str, b: str, ratio: float, family: str = "") -> None:
+    def observe(self, job_id, a: str, b: str, ratio: float, family: str = "", weight: float = 1.0) -> None:
+        """``weight``: how many jobs' reports the observation counts as (a profile of several batches
+        on every type: more than one)."""
         a, b = canonical(a), canonical(b)
         if a == b or not (math.isfinite(ratio) and ratio > 0):
             return
@@ -107,6 +110,8 @@ class TypeRatios:
         d.pop((b, a), None)
         if family:
             self._family[job_id] = family
+        if weight != 1.0:
+            self._weight[job_id] = float(weight)
 
     def set_speeds(self, speeds: Mapping[str, float]) -> None:
         """The prior again: the built-in table with ``speeds`` over it (a reloaded site table)."""
@@ -117,40 +122,42 @@ class TypeRatios:
         if len(self._by_job) > n:
             self._by_job = dict(list(self._by_job.items())[-n:])
             self._family = {j: f for j, f in self._family.items() if j in self._by_job}
+            self._weight = {j: w for j, w in self._weight.items() if j in self._by_job}
 
-    def _logs(self, a: str, b: str, family: str | None) -> list[float]:
-        out = []
+    def _logs(self, a: str, b: str, family: str | None) -> tuple[float, float, int]:
+        """(weighted sum of log ratios, total weight, jobs) over the jobs (of ``family``) that saw the pair."""
+        s = w = 0.0
+        n = 0
         for j, d in self._by_job.items():
             if family is not None and self._family.get(j) != family:
                 continue
-            if (a, b) in d:
-                out.append(math.log(d[(a, b)]))
-            elif (b, a) in d:
-                out.append(-math.log(d[(b, a)]))
-        return out
+            x = math.log(d[(a, b)]) if (a, b) in d else -math.log(d[(b, a)]) if (b, a) in d else None
+            if x is not None:
+                wj = self._weight.get(j, 1.0)
+                s, w, n = s + wj * x, w + wj, n + 1
+        return s, w, n
 
     def ratio(self, a: str, b: str, family: str = "") -> tuple[float, str] | None:
         """(speed on ``b`` / speed on ``a``, provenance), or None when nothing is known of the pair."""
         a, b = canonical(a or ANCHOR), canonical(b)
         if a == b:
             return 1.0, "measured"
-        logs = self._logs(a, b, None)
+        s, wt, n = self._logs(a, b, None)
         sa, sb = self.speeds.get(a), self.speeds.get(b)
         prior = math.log(sb / sa) if sa and sb else None
-        if logs:
-            n = len(logs)
+        if n:
             w = PRIOR_WEIGHT if prior is not None else 0.0
-            v = (sum(logs) + w * (prior or 0.0)) / (n + w)
+            v = (s + w * (prior or 0.0)) / (wt + w)
             why = f"type ratio from {n} job{'s' if n != 1 else ''}"
         elif prior is not None:
             v, why = prior, "type prior"
         else:
             return None
-        fam = self._logs(a, b, family) if family else []
-        if fam:
-            n = len(fam)
-            v = (sum(fam) + PRIOR_WEIGHT * v) / (n + PRIOR_WEIGHT)
-            why = f"type ratio from {n} {family} job{'s' if n != 1 else ''} ({why})"
+        if family:
+            s, wt, n = self._logs(a, b, family)
+            if n:
+                v = (s + PRIOR_WEIGHT * v) / (wt + PRIOR_WEIGHT)
+                why = f"type ratio from {n} {family} job{'s' if n != 1 else ''} ({why})"
         return math.exp(v), why
 
 

@@ -45,13 +45,29 @@ PEER_KNOWLEDGE = {"sia": "profiled", "gavel": "profiled"}  # the rest: "job"
 FLAT_RESTART_S = 30.0
 
 
+def flat_restart_s(restart: str) -> float | None:
+    """``"sia"`` -> None (per model); ``"flat"`` -> 30 s; a number of seconds (``"600"``) -> that, for
+    every job."""
+    if restart == "sia":
+        return None
+    if restart == "flat":
+        return FLAT_RESTART_S
+    try:
+        v = float(restart)
+    except ValueError:
+        v = -1.0
+    if not (v > 0 and np.isfinite(v)):
+        raise ValueError(f"restart must be 'sia', 'flat' or seconds > 0, not {restart!r}")
+    return v
+
+
 def sia_config(*, restart: str = "sia", held_bound_s: float = 1800.0, **kw) -> SimConfig:
     """Sia's cluster, one partition ``gpu``; goodput work model; the first start pays the restart."""
-    if restart not in ("sia", "flat"):
-        raise ValueError(f"restart must be 'sia' or 'flat', not {restart!r}")
+    flat = flat_restart_s(restart)
     groups = tuple((n, g, "gpu", t) for n, g, t in SIA_CLUSTER)
     base = dict(nodes=sum(n for n, _, _ in SIA_CLUSTER), gpus_per_node=4, groups=groups, work_model="goodput",
-                checkpoint_s=0.0, restart_s=FLAT_RESTART_S, first_start_charge=True, held_bound_s=held_bound_s)
+                checkpoint_s=0.0, restart_s=flat or FLAT_RESTART_S, first_start_charge=True,
+                held_bound_s=held_bound_s)
     base.update(kw)
     return SimConfig(**base)
 
@@ -60,9 +76,9 @@ def read_sia_workload(n: int, *, restart: str = "sia", data: Path | str = SIA_DA
     """Sia's Philly workload ``n`` (Pollux's CSV format); with ``restart="sia"`` each job's spec
     carries its model's restart cost."""
     jobs = read_pollux(Path(data) / "workloads" / f"workload-{n}.csv")
-    if restart == "flat":
-        return jobs
-    return [replace(w, spec=replace(w.spec, restart_s=SIA_RESTART_S[w.spec.profile])) for w in jobs]
+    flat = flat_restart_s(restart)
+    return [replace(w, spec=replace(w.spec, restart_s=SIA_RESTART_S[w.spec.profile] if flat is None else flat))
+            for w in jobs]
 
 
 # Sia's simulator scales every step time by a per-model slowdown (its applications' measured tables ran
@@ -86,6 +102,16 @@ def _true_model(app, gpu_type):
 def type_models(w: WorkloadJob, model) -> dict:
     """A job's true table on each type of the cluster."""
     return {t: true_model(w.spec.profile, t) for _, _, t in SIA_CLUSTER}
+
+
+PROFILE_S = 60.0  # a bootstrap profile's steps per type, after its restart
+PROFILE_WEIGHT = 4.0  # a profile's ratio counts as this many jobs' reports (several batches measured)
+
+
+def _one_gpu_batches(app: str) -> list[int]:
+    """The per-GPU batches ``app``'s table measured on one GPU (what a bootstrap profile measures)."""
+    c = sia_model(app, "aws").curves.get((1, 1))
+    return sorted({int(x) for x in c.lb}) if c is not None else [32]
 
 
 class Known(OnType):
@@ -120,18 +146,44 @@ class Learner:
 
     A job knows its own model (its ``profile=``: Pollux's T4 table, without Sia's slowdown) until it
     trains on a type; from then on it knows its true table there (what its reports give the daemon,
-    daemon/models.py). Per-type models go through the daemon's rule, ``profiles.types.model_on_type``
+    daemon/models.py). With ``share`` (the default), what one job measured on a type serves the other
+    jobs of its family (same ``profile=``) as well, as the profile itself serves them on its own type;
+    in this simulator jobs of one family run at the same table, so sharing is exact here, optimistic
+    where jobs of one profile differ. Per-type models go through the daemon's rule, ``profiles.types.model_on_type``
     with one ``TypeRatios`` for the cluster: a type it measured, else its measured (or prior) model
     scaled by the ratio the cluster's jobs measured between the two types (same app first: ``family``),
     shrunk toward the prior. A job that trained on two types gives the cluster its ratio, the geometric
     mean over the configurations it ran at of its tables there (what ``measured_pairs`` gives where the
     daemon has points at the same configuration on both)."""
 
-    def __init__(self):
+    def __init__(self, bootstrap: bool = False, share: bool = True):
         self.ratios = TypeRatios()
         self.runs: dict = {}  # job id -> {type: configurations (gpus, nodes, local, accum) it trained at}
+        self.family: dict = {}  # app -> types a job of it trained on (share=True)
+        self.share = share
         self.last: dict = {}  # job id -> the type it trained on last
         self._cache: dict = {}
+        self.bootstrap = bootstrap
+        self.profiled: set = set()  # families profiled (bootstrap)
+        self.profile_gpu_s = 0.0  # GPU-seconds the profiles cost
+
+    def _profile(self, j, app: str) -> None:
+        """Sia-style bootstrap, once per model family: the first job of ``app`` is profiled on one GPU of
+        every type (its restart, then :data:`PROFILE_S` of steps at the 1-GPU batches of its table) before
+        it starts; the ratios it measures enter the cluster's ``TypeRatios`` for that family, weighing
+        :data:`PROFILE_WEIGHT` jobs. Charged: its first start waits the longest type's profile (types in
+        parallel) holding the GPUs it starts on, and the profile's GPU-seconds are counted."""
+        self.profiled.add(app)
+        types = [t for _, _, t in SIA_CLUSTER]
+        batches = _one_gpu_batches(app)
+        rates = {t: [true_model(app, t).samples_per_s(1, 1, lb, 1) for lb in batches] for t in types}
+        for i, a in enumerate(types):
+            for b in types[i + 1:]:
+                r = float(np.exp(np.mean(np.log(np.array(rates[b]) / np.array(rates[a])))))
+                self.ratios.observe(("profile", app, a, b), a, b, r, family=app, weight=PROFILE_WEIGHT)
+        each = (j.startup_s or 0.0) + PROFILE_S
+        self.profile_gpu_s += each * len(types)
+        j.startup_s = (j.startup_s or 0.0) + each
 
     def _observe(self, j, backend) -> str:
         """The type the job is on now ("" none); records a configuration it trains at."""
@@ -144,6 +196,7 @@ class Learner:
             new_type = t not in runs
             runs.setdefault(t, set()).add(cfg)
             self.last[j.job_id] = t
+            self.family.setdefault(app_of(j.model), set()).add(t)
             if new_type and len(runs) > 1:
                 app = app_of(j.model)
                 for a in runs:
@@ -156,16 +209,23 @@ class Learner:
 
     def model_now(self, record, model, backend):
         j = backend.jobs[record.job_id]
-        here = self._observe(j, backend) or self.last.get(j.job_id, "")
         app = app_of(model)
+        if self.bootstrap and app is not None and app not in self.profiled and j.first_start is None:
+            self._profile(j, app)
+        here = self._observe(j, backend) or self.last.get(j.job_id, "")
         measured = self.runs.get(j.job_id, {})
-        if app is None or not here:
+        if app is None:
             return model
-        by_type = {t: true_model(app, t) for t in measured}
+        types = set(measured) | (self.family.get(app, set()) if self.share else set())
+        by_type = {t: true_model(app, t) for t in types}
+        if not here:  # never ran: its family's measurements, else its own model
+            if not by_type:
+                return model
+            here = sorted(by_type)[0]
         if here in by_type:
             base, src, r = by_type[here], here, (1.0, "measured")
         elif by_type:
-            src = self.last.get(j.job_id) if self.last.get(j.job_id) in by_type else next(iter(by_type))
+            src = self.last.get(j.job_id) if self.last.get(j.job_id) in by_type else sorted(by_type)[0]
             base, r = by_type[src], self.ratios.ratio(src, here, app) or (1.0, "unscaled")
         else:
             base, src, r = model, "", self.ratios.ratio("", here, app) or (1.0, "unscaled")
@@ -189,8 +249,8 @@ def parse_policy(spec: str):
     knowledge = PEER_KNOWLEDGE.get(name, "job")
     kw = {}
     for o in filter(None, opts.split(",")):
-        if o == "profiled":
-            knowledge = "profiled"
+        if o in ("profiled", "bootstrap"):
+            knowledge = o
         elif o == "blind":
             knowledge = "job"
         else:
@@ -205,12 +265,14 @@ def run(policy_spec: str, n: int, *, restart: str = "sia", data: Path | str = SI
     policy, knowledge = parse_policy(policy_spec)
     cfg = config or sia_config(restart=restart)
     wl = jobs if jobs is not None else read_sia_workload(n, restart=restart, data=data)
-    know = Profiled() if knowledge == "profiled" else Learner()
+    know = Profiled() if knowledge == "profiled" else Learner(bootstrap=knowledge == "bootstrap")
     sim = Simulation(wl, policy, cfg, type_models_for_job=type_models, model_for_type=know.model_for_type,
                      model_now=know.model_now)
     res = sim.run()
     m = hetero_metrics(res, wl, cfg)
-    m.update(policy_spec=policy_spec, workload=n, restart=restart, knowledge=knowledge)
+    prof = getattr(know, "profile_gpu_s", 0.0) / 3600.0 / max(1, len(wl))
+    m.update(policy_spec=policy_spec, workload=n, restart=restart, knowledge=knowledge,
+             profile_gpu_h_per_job=prof, gpu_h_per_job=m["gpu_h_per_job"] + prof)
     return res, m
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from sim_helpers import LinearModel, toy_spec
 
@@ -189,3 +191,21 @@ def test_a_running_job_never_moves_to_a_slower_type():
     s = snap([rec(1, "RUNNING", nodes=("a1",)), rec(2, part="a100")])
     alloc = DPPolicy().allocate(s.problem)
     assert alloc.jobs[1].pool == "a100:a100" and "moved" not in alloc.jobs[1].reason
+
+
+def test_type_ratios_by_family_by_weight_and_under_other_names():
+    """Sia's names (aws, dgx-ext) are the same GPUs as t4, a100; a family's own ratio comes before the
+    cluster's (an A100 is 0.94x to 4.07x a T4 depending on the model); a profile may weigh several jobs."""
+    r = TypeRatios()
+    assert r.ratio("aws", "dgx-ext") == (pytest.approx(TYPE_SPEED["a100"]), "type prior")
+    r.observe(1, "aws", "dgx-ext", 4.0, family="bert")
+    r.observe(2, "t4", "a100", 1.0, family="ncf")
+    cluster, why = r.ratio("t4", "a100")
+    assert why == "type ratio from 2 jobs" and cluster == pytest.approx(
+        math.exp((math.log(4.0) + 2 * math.log(TYPE_SPEED["a100"])) / 4))
+    bert, why = r.ratio("t4", "a100", "bert")
+    assert why == "type ratio from 1 bert job (type ratio from 2 jobs)" and cluster < bert < 4.0
+    assert r.ratio("t4", "a100", "ncf")[0] < cluster < bert
+    r.observe(3, "aws", "dgx-ext", 4.0, family="bert", weight=6.0)  # a profile: weighs more
+    assert r.ratio("t4", "a100", "bert")[0] > bert
+    assert r.ratio("a100", "t4", "bert")[0] == pytest.approx(1 / r.ratio("t4", "a100", "bert")[0])
