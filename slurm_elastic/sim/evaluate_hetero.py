@@ -247,13 +247,18 @@ HEADER = """## Heterogeneous GPU clusters (issue 23): Sia's cluster and Philly w
 Sia's 64-GPU cluster (6 nodes x 4 T4 `aws`, 3 x 8 RTX 2080Ti `rtx`, 2 x 8 A100 `dgx-ext`, one
 partition: every job may run on any type) and its 8 Philly workloads (160 jobs each), through the
 daemon's own cycle (`python -m slurm_elastic.sim.evaluate_hetero`, `slurm_elastic/sim/hetero.py`).
-Every job runs at its app's measured table on the type it starts on (Sia's artifact, uncalibrated);
-goodput work model (Pollux's gradient traces); 60 s cycle. What each policy is told per type: `dp`
-the daemon's rule (`profiles/types.py`: the job's own model, Pollux's T4 table, scaled to each type
-by the per-type prior `TYPE_SPEED`, then by what the job reports there; note that the prior's ratios are
-geometric means over Sia's and Gavel's tables, so here it was built partly from the tables the jobs run
-at); `:profiled` and the peers `sia` and `gavel`: every job's true table on every type (Sia's
-bootstrap; its profiling cost not charged). Hours; w1-w8: average JCT per workload.
+Every job runs at its app's measured table on the type it is on (Sia's artifact), its step times
+scaled by Sia's per-model slowdowns (cifar10 1.8, ncf 1.5, others 1.2), as Sia's simulator does, for
+every policy alike; goodput work model (Pollux's gradient traces); 60 s cycle. What each policy is
+told per type (`sim/hetero.py`): `dp` what the daemon learns -- the job's own model (Pollux's T4 table,
+unslowed), what jobs of its family measured on the types they trained on, and type ratios learned
+from jobs that trained on two types (`profiles/types.py` `TypeRatios`, per family first), shrunk toward
+a prior built from Gavel's tables and NVIDIA data-sheet FP32 ratios only (no table this simulator runs
+at); `dp:bootstrap` the same plus a Sia-style profile of each family's first job on one GPU of every
+type (its restart + 60 s per type, charged: the job's first start waits for it holding its GPUs, and
+the profile's GPU time is in GPU-h/job); `:profiled` and the peers `sia` and `gavel`: every job's true
+table on every type and every GPU count (more than Sia's 1-GPU bootstrap gives Sia; its cost not
+charged). Hours; w1-w8: average JCT per workload.
 
 Published, Sia's Table 3 (its simulator, mean over Philly workloads): average JCT / p99 JCT / GPU-hours
 per job -- Sia 0.6 / 9.5 / 4.0, Pollux 1.0 / 14.9 / 5.6, Gavel (tuned jobs) 1.9 / 30.0 / 9.0.
@@ -280,13 +285,15 @@ Reading the table:
   one-type section's variant of the same name); with `:profiled` too, a rough view of what the two
   fixes of issue 23 (a restart charge that scales with the gain; per-type speed known) are worth
   together. Not defaults: measurements for the engineers changing them.
-- Known differences from Sia's simulator: its step times are scaled by per-model slowdowns (cifar10
-  1.8, ncf 1.5, others 1.2) that this simulator does not apply; its throughput interpolation and
-  placement rules are its own; no profiling cost is charged to `:profiled` runs.
+- Known differences from Sia's simulator: its throughput interpolation and placement rules are its
+  own (here: Pollux's table rules, `profiles/pertype.py`); the `sia` peer maximises the sum of
+  normalised goodputs (p = 1) with our optimizer, not Sia's MIP with p = -0.5; the peers are handed every
+  job's full table on every type at no cost (Sia profiles each job on one GPU per type, then learns); a
+  running job moves only through a stop and a new start (a restart), as on Slurm.
 
-Regenerate: `python -m slurm_elastic.sim.evaluate_hetero --cache /tmp/hetero-cache` (48 runs over 2
-processes; one run takes 6-12 s of an idle core, so about 4 minutes; 20 minutes on the shared 2-core
-machine at load 15). One workload and two policies, printed only:
+Regenerate: `python -m slurm_elastic.sim.evaluate_hetero --cache /tmp/hetero-cache` (88 runs over 2
+processes; one run takes 8-25 s of an idle core, so about 10 minutes; an hour or more on the shared
+2-core machine under load). One workload and two policies, printed only:
 `python -m slurm_elastic.sim.evaluate_hetero --workloads 1 --policies dp,sia --restart sia --no-write`.
 """
 

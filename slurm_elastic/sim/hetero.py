@@ -5,18 +5,24 @@ One run: a Sia Philly workload (``../shared/data/sia/workloads/workload-<n>.csv`
 every job may run on any type and the policy chooses), through the daemon's own cycle
 (``Simulation`` -> ``enact.run_cycle`` -> ``problem.build_problem`` with one pool per type ->
 policy -> planner -> ``SimulatedSlurm``). Every job *runs* at its app's measured table on the type it
-starts on (``profiles.pertype``); what the policy *knows* per type is the run's ``knowledge``:
+is on (``profiles.pertype``), its step times scaled by Sia's per-model slowdown (:data:`SIA_SLOWDOWN`,
+as Sia's simulator does); what the policy *knows* per type is the run's ``knowledge``:
 
-* ``job`` -- the daemon's default rule (``profiles.types.model_on_type``): the job's own model (its
-  ``profile=``, Pollux's T4 table) scaled to each type by the per-type prior, then by its own reports;
-* ``profiled`` -- every job's true table on every type, as Sia's bootstrap profiles each job on each
-  type (its cost not charged). The peers ``sia`` and ``gavel`` run ``profiled`` by default (both
-  designs assume per-type throughputs); ``dp`` runs ``job`` unless the spec says ``dp:profiled``.
+* ``job`` -- what the daemon learns (:class:`Learner`): the job's own model (its ``profile=``, Pollux's
+  T4 table), its family's measured tables on the types a job of it trained on, else the model scaled
+  by the cluster's learned type ratios (``profiles.types.TypeRatios``, per family first), shrunk
+  toward the data-sheet prior (``TYPE_SPEED``, built from no table this simulator runs at);
+* ``bootstrap`` -- ``job`` plus a Sia-style profile of each family's first job on one GPU of every type,
+  charged (``dp:bootstrap``);
+* ``profiled`` -- every job's true table on every type, the one it runs on included, as if Sia's
+  bootstrap measured every configuration (its cost not charged). The peers ``sia`` and ``gavel`` run
+  ``profiled`` by default (both designs assume per-type throughputs); ``dp`` runs ``job``.
 
 Restarts (``restart="sia"``): each job's spec carries its model's restart cost from Sia's simulator
 (cifar10 50 s, deepspeech2 25, bert 120, yolov3 80, imagenet 250, ncf 15), and its first start pays it
-too (``first_start_charge``), as Pollux's simulator charges it (Sia's builds on Pollux's); ``restart="flat"``: 30 s for every job. Work: the goodput
-model following Pollux's gradient traces (as Sia's simulator).
+too (``first_start_charge``), as Pollux's simulator charges it (Sia's builds on Pollux's);
+``restart="flat"``: 30 s for every job; ``restart="600"``: that many seconds for every job. Work: the
+goodput model following Pollux's gradient traces (as Sia's simulator).
 
 Figures per run (:func:`hetero_metrics`): average, p99 and longest JCT, restarts (requeues) per job,
 moves between types (jobs moved, moves), GPU-hours per job and their share by type, the jobs held at
