@@ -138,9 +138,10 @@ class Profiled:
 
     def model_now(self, record, model, backend):
         j = backend.jobs[record.job_id]
-        if not j.nodes:
+        app = app_of(model)
+        if not j.nodes or app is None:
             return model
-        return true_model(app_of(model), backend.node_type[j.nodes[0]])
+        return true_model(app, backend.node_type[j.nodes[0]])
 
     def model_for_type(self, record, spec, model, gpu_type, home=""):
         app = app_of(model)
