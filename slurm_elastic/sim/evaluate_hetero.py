@@ -271,8 +271,9 @@ Reading the table:
   charges it; Sia's simulator builds on Pollux's).
 - *jobs moved (moves)*: jobs that started at least once on another type than their previous start, and
   all such starts, summed over the workloads. A running job may move to a type at least 10% faster per
-  GPU (`policies/_multipool.py` MOVE_MIN_GAIN), charged its restart as a resize is; the planner pins the new type
-  by partition or ExcNodeList, never by retyping the gres.
+  GPU, or to a choice on any type worth 10% more than what it has at home net of the move's restart
+  (more GPUs of a slower type; `policies/_multipool.py` MOVE_MIN_GAIN), charged its restart as a resize
+  is; the planner pins the new type by partition or ExcNodeList, never by retyping the gres.
 - *held wrong > 30 min*: jobs that for more than 30 minutes ran at a size their true gain said was
   wrong: GPUs of their type idle, and growing onto them would have saved more of their remaining
   time than one restart costs (`sim/engine.py` `held_wrong`).
