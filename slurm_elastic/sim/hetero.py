@@ -34,7 +34,7 @@ the set of types the job ran on.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +99,7 @@ def true_model(app: str, gpu_type: str):
     return _true_model(app, gpu_type)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _true_model(app, gpu_type):
     slow = SIA_SLOWDOWN.get(app, DEFAULT_SLOWDOWN)
     return OnType(sia_model(app, gpu_type), 1.0 / slow, gpu_type, "measured")
