@@ -80,7 +80,8 @@ class ModelRegistry:
                 return t
         return self.last_type.get(job.job_id, "")
 
-    def _by_type(self, job: JobRecord, obs: list[Observation], here: str) -> dict[str, list[Observation]]:
+    def _by_type(self, job: JobRecord, obs: list[Observation], here: str,
+                 family: str = "") -> dict[str, list[Observation]]:
         """The job's observations per GPU type: a point new or changed while it runs on ``here`` is
         ``here``'s; one already seen keeps its type (a job's report does not say which type)."""
         book = self.typed_obs.setdefault(job.job_id, {})
@@ -93,13 +94,13 @@ class ModelRegistry:
         out = {t: list(d.values()) for t, d in book.items() if d}
         if len(out) > 1:
             for (a, b), r in measured_pairs(out).items():
-                self.ratios.observe(job.job_id, a, b, r)
+                self.ratios.observe(job.job_id, a, b, r, family=family)
         return out
 
     def model_for_type(self, job: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str,
                        home: str = "") -> ThroughputModel | None:
         """The job's model on ``gpu_type`` (profiles.types.model_on_type) with this cluster's type ratios."""
-        return model_on_type(model, gpu_type, home, self.ratios)
+        return model_on_type(model, gpu_type, home, self.ratios, family=spec.profile or "")
 
     def _trusted(self, job: JobRecord, spec: ElasticSpec, report: dict | None, obs: list[Observation]) -> JobInfo:
         """What the policy ranks the job by: the GPU-seconds Slurm has shown it running (attained service,
@@ -214,7 +215,7 @@ class ModelRegistry:
             why, below = self.oom.restart_reason(job)
             self.progress[job.job_id] = replace(self.progress[job.job_id], local_batch_limits=self.oom.of(job.job_id),
                                                 restart_now=why, restart_below=below)
-        typed = self._by_type(job, obs, here) if here else {}
+        typed = self._by_type(job, obs, here, spec.profile or "") if here else {}
         if here and typed:  # its reports on the type it runs on (else the prior); the others per type
             obs = typed.get(here, [])
         key = (tuple(obs), id(prior), kind, running, spec.min_gpus, facts, here,
@@ -226,7 +227,7 @@ class ModelRegistry:
             src = max(typed, key=lambda t: len(typed[t])) if here and not obs and typed else ""
             if src:  # nothing reported here yet: its reports on ``src``, scaled by the type ratio
                 base = learn(prior, kind, typed[src], min_gpus=spec.min_gpus, facts=facts, name=f"job{job.job_id}")
-                r = self.ratios.ratio(src, here) or (1.0, "unscaled")
+                r = self.ratios.ratio(src, here, spec.profile or "") or (1.0, "unscaled")
                 model = LearnedModel(OnType(base, r[0], here, r[1]), provenance=f"{r[1]} from its {src} reports",
                                      uncertainty=base.uncertainty + 0.2, facts=facts, name=f"job{job.job_id}",
                                      max_gpus=max(running, spec.min_gpus) if running else None)

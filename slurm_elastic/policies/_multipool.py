@@ -54,6 +54,10 @@ REQUIRED, FREE = 1, 2  # a job's standing in Q: must get its minimum somewhere /
 # models): never to a slower one. Measured on Sia's workload 1 (first 100 jobs): with moves in every
 # direction jobs were sent to one slow GPU and their rescale count then held them there (imagenet-11
 # 111 h, mean JCT 1.37 -> 4.9 h); upward only, no job can go back and forth.
+# Or to a choice on any type whose value, net of the move's restart, exceeds what it has at home by as much
+# (a job squeezed onto a few fast GPUs while many slower ones are free: Sia's workload 4, four imagenet jobs
+# sharing the 16 A100s at ~4 each for 9 h while the RTX pool had room); a move to fewer, slower GPUs is
+# worth less than staying, so it is never made.
 MOVE_MIN_GAIN = 0.1
 
 
@@ -166,6 +170,7 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     # keep for a rescale (their ``factor``), so a move pays exactly what a resize in place would
     home = np.full(n, -1, np.int64)
     move = np.ones(n)
+    at_home = np.zeros(n)  # a movable running job's value at its current size at home (unscaled)
     for j, req in enumerate(problem.jobs):
         if req.running_gpus > 0 and len(allowed[j]) > 1:
             i = allowed[j][0]
@@ -174,6 +179,11 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
             k = local[i][j]
             pos = np.flatnonzero(c.dp_jobs == k)
             move[j] = float(c.factor[pos[0]]) if pos.size else 0.0
+            if pos.size:  # what it has at home: its current count and batch (no restart), else unknown (0)
+                lo, hi = int(c.offsets[pos[0]]), int(c.offsets[pos[0] + 1])
+                kept = np.flatnonzero(c.keep[lo:hi])
+                if kept.size:
+                    at_home[j] = float(c.values[lo + kept[0]])
     # Every objective's value is a speedup over the job's own reference count in that pool (completion:
     # weight x SRPT rank x speedup), so a faster type must be scaled in; p-norm values stay per pool.
     flat_scale = (objective == "pnorm") | (ref_best <= 0)
@@ -181,6 +191,7 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         sc = np.where(flat_scale[:, None], 1.0, refs / np.where(ref_best > 0, ref_best, 1.0)[:, None])
     minc_l, sc_l = minc.tolist(), sc.tolist()
     scale = {(j, i): sc_l[j][i] for j in range(n) for i in allowed[j] if minc_l[j][i] > 0}
+    at_home = at_home * sc[np.arange(n), np.maximum(home, 0)]
     # admission across pools
     standing = np.zeros(n, np.int64)
     reasons: dict[int, str] = {}
@@ -238,7 +249,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
         if away.any():
             v = np.where(away, v * move[jf], v)
             up = sc[jf, i] >= (1.0 + MOVE_MIN_GAIN) * sc[jf, np.maximum(home[jf], 0)]
-            ok = ~away | up
+            better = (at_home[jf] > 0) & (v >= (1.0 + MOVE_MIN_GAIN) * at_home[jf])
+            ok = ~away | up | better
             if not ok.all():
                 jf, idx, v = jf[ok], idx[ok], v[ok]
         J.append(jf)

@@ -25,24 +25,33 @@ from collections.abc import Mapping
 
 from slurm_elastic.profiles.base import ThroughputModel
 
-# Per-GPU samples/s relative to a T4, single GPU, geometric mean over the measured models and every local
-# batch measured on both types. Sia's artifact (SOSP'23, traces/<model>/placements-<cluster>.csv; six
-# models: bert cifar10 deepspeech2 imagenet ncf yolov3): rtx 1.12, quadro 1.44, a100 1.79, v100 (dgx)
-# 1.82. Gavel's (OSDI'20, seven models) against its v100: k80 0.28, p100 0.86 -> 0.50 and 1.56 here.
-# The spread across models is wide (a100: 0.94x for ncf to 4.07x for bert): a job's own reports and the
-# cluster's ratios replace this prior as soon as they exist.
-# Sia's own cluster names are aliases: aws (T4), rtx (2080Ti), quad (Quadro), azure 0.99, dgx (V100),
-# dgx-ext (A100).
+# Per-GPU samples/s relative to a T4: the prior, until the cluster's own jobs say more. Built only from data
+# the simulator does not run at (issue 23: a prior taken from Sia's tables would be told the answer):
+# Gavel's measured tables (OSDI'20, profiles/gavel.py; one worker, geometric mean over its models and
+# batches) for k80 0.297x and p100 0.943x a v100; for the types Gavel did not measure, the ratio of
+# NVIDIA's data-sheet FP32 peaks to the v100's 15.7 TFLOPs (t4 8.1, RTX 2080Ti 13.4, Quadro RTX 6000 16.3,
+# A100 19.5). Data-sheet peaks overstate real training speed unevenly (Sia measured the A100 at 0.94x
+# to 4.07x a T4 depending on the model): the prior only orders the types until measurements exist.
+_V100 = 8.1 / 15.7  # a T4 in v100s, by the data sheets
 TYPE_SPEED: Mapping[str, float] = {
-    "k80": 0.50, "t4": 1.0, "aws": 1.0, "azure": 0.99, "rtx": 1.12, "rtx2080ti": 1.12, "2080ti": 1.12,
-    "quadro": 1.44, "quad": 1.44, "p100": 1.56, "a100": 1.79, "dgx-ext": 1.79, "v100": 1.82, "dgx": 1.82,
+    "k80": 0.297 / _V100, "t4": 1.0, "2080ti": 13.4 / 8.1, "quadro": 16.3 / 8.1, "p100": 0.943 / _V100,
+    "v100": 1.0 / _V100, "a100": 19.5 / 8.1,
 }
+# Other names sites give the same GPUs (Sia's cluster names among them): aws (T4), rtx (2080Ti), quad
+# (Quadro RTX 6000), dgx (V100), dgx-ext (A100). Ratios learned under one name serve the other.
+ALIASES: Mapping[str, str] = {"aws": "t4", "rtx": "2080ti", "rtx2080ti": "2080ti", "quad": "quadro",
+                              "dgx": "v100", "dgx-ext": "a100"}
 ANCHOR = "t4"
 PRIOR_WEIGHT = 2.0  # the prior ratio counts as this many jobs against the cluster's own ratios
 
 
+def canonical(gpu_type: str) -> str:
+    t = (gpu_type or "").lower()
+    return ALIASES.get(t, t)
+
+
 def type_speed(gpu_type: str) -> float | None:
-    return TYPE_SPEED.get((gpu_type or "").lower())
+    return TYPE_SPEED.get(canonical(gpu_type))
 
 
 class OnType(ThroughputModel):
@@ -77,52 +86,79 @@ class OnType(ThroughputModel):
 class TypeRatios:
     """How much faster one GPU type ran than another for the cluster's own jobs: per job, its latest
     measured ratio (samples/s on ``b`` over ``a`` at the same GPU count and batch); per pair, the geometric
-    mean over jobs, shrunk toward the prior (:data:`TYPE_SPEED`) with weight :data:`PRIOR_WEIGHT`."""
+    mean over jobs, shrunk toward the prior (:data:`TYPE_SPEED`) with weight :data:`PRIOR_WEIGHT`. A job's
+    ``family`` (its profile or model name; "" none) keys a second level: the ratio over jobs of the same
+    family, shrunk toward the cluster's ratio with the same weight (the spread between models is wide:
+    an A100 is 0.94x to 4.07x a T4 in Sia's tables)."""
 
     def __init__(self, speeds: Mapping[str, float] | None = None):
         self._by_job: dict[object, dict[tuple[str, str], float]] = {}
+        self._family: dict[object, str] = {}
+        self._weight: dict[object, float] = {}
         # the prior: the built-in measured table, with what the site measured (daemon ``gpu_speed``) over it
         self.set_speeds(speeds or {})
 
-    def observe(self, job_id, a: str, b: str, ratio: float) -> None:
-        a, b = a.lower(), b.lower()
+    def observe(self, job_id, a: str, b: str, ratio: float, family: str = "", weight: float = 1.0) -> None:
+        """``weight``: how many jobs' reports the observation counts as (a profile of several batches
+        on every type: more than one)."""
+        a, b = canonical(a), canonical(b)
         if a == b or not (math.isfinite(ratio) and ratio > 0):
             return
         d = self._by_job.pop(job_id, {})
         self._by_job[job_id] = d  # the latest observed last
         d[(a, b)] = float(ratio)
         d.pop((b, a), None)
+        if family:
+            self._family[job_id] = family
+        if weight != 1.0:
+            self._weight[job_id] = float(weight)
 
     def set_speeds(self, speeds: Mapping[str, float]) -> None:
         """The prior again: the built-in table with ``speeds`` over it (a reloaded site table)."""
-        self.speeds = {**TYPE_SPEED, **{k.lower(): float(v) for k, v in speeds.items()}}
+        self.speeds = {**TYPE_SPEED, **{canonical(k): float(v) for k, v in speeds.items()}}
 
     def keep_last(self, n: int) -> None:
         """Keep the ``n`` jobs observed last (a bounded memory that outlives the jobs)."""
         if len(self._by_job) > n:
             self._by_job = dict(list(self._by_job.items())[-n:])
+            self._family = {j: f for j, f in self._family.items() if j in self._by_job}
+            self._weight = {j: w for j, w in self._weight.items() if j in self._by_job}
 
-    def ratio(self, a: str, b: str) -> tuple[float, str] | None:
+    def _logs(self, a: str, b: str, family: str | None) -> tuple[float, float, int]:
+        """(weighted sum of log ratios, total weight, jobs) over the jobs (of ``family``) that saw the pair."""
+        s = w = 0.0
+        n = 0
+        for j, d in self._by_job.items():
+            if family is not None and self._family.get(j) != family:
+                continue
+            x = math.log(d[(a, b)]) if (a, b) in d else -math.log(d[(b, a)]) if (b, a) in d else None
+            if x is not None:
+                wj = self._weight.get(j, 1.0)
+                s, w, n = s + wj * x, w + wj, n + 1
+        return s, w, n
+
+    def ratio(self, a: str, b: str, family: str = "") -> tuple[float, str] | None:
         """(speed on ``b`` / speed on ``a``, provenance), or None when nothing is known of the pair."""
-        a, b = (a or ANCHOR).lower(), (b or "").lower()
+        a, b = canonical(a or ANCHOR), canonical(b)
         if a == b:
             return 1.0, "measured"
-        logs = []
-        for d in self._by_job.values():
-            if (a, b) in d:
-                logs.append(math.log(d[(a, b)]))
-            elif (b, a) in d:
-                logs.append(-math.log(d[(b, a)]))
+        s, wt, n = self._logs(a, b, None)
         sa, sb = self.speeds.get(a), self.speeds.get(b)
         prior = math.log(sb / sa) if sa and sb else None
-        if logs:
-            n = len(logs)
+        if n:
             w = PRIOR_WEIGHT if prior is not None else 0.0
-            v = (sum(logs) + w * (prior or 0.0)) / (n + w)
-            return math.exp(v), f"type ratio from {n} job{'s' if n != 1 else ''}"
-        if prior is not None:
-            return math.exp(prior), "type prior"
-        return None
+            v = (s + w * (prior or 0.0)) / (wt + w)
+            why = f"type ratio from {n} job{'s' if n != 1 else ''}"
+        elif prior is not None:
+            v, why = prior, "type prior"
+        else:
+            return None
+        if family:
+            s, wt, n = self._logs(a, b, family)
+            if n:
+                v = (s + PRIOR_WEIGHT * v) / (wt + PRIOR_WEIGHT)
+                why = f"type ratio from {n} {family} job{'s' if n != 1 else ''} ({why})"
+        return math.exp(v), why
 
 
 def measured_pairs(obs_by_type: Mapping[str, list]) -> dict[tuple[str, str], float]:
@@ -157,9 +193,10 @@ def measured_on(model: ThroughputModel) -> str:
 
 
 def model_on_type(model: ThroughputModel, gpu_type: str, home: str = "",
-                  ratios: TypeRatios | None = None) -> ThroughputModel | None:
+                  ratios: TypeRatios | None = None, family: str = "") -> ThroughputModel | None:
     """The job's model on ``gpu_type`` (module docstring); ``home``: the type its numbers come from ("" =
-    unknown: the anchor). None when nothing is known of ``gpu_type``."""
+    unknown: the anchor); ``family``: its kind for the learned ratios (TypeRatios). None when nothing is
+    known of ``gpu_type``."""
     t = (gpu_type or "").lower()
     if not t:
         return None
@@ -174,9 +211,9 @@ def model_on_type(model: ThroughputModel, gpu_type: str, home: str = "",
     if g is not None:
         return g
     home = (home or measured_on(model)).lower()
-    if home == t:
+    if canonical(home) == canonical(t):
         return model
-    r = (ratios or TypeRatios()).ratio(home, t)
+    r = (ratios or TypeRatios()).ratio(home, t, family)
     if r is None:
         return None
     return OnType(model, r[0], t, r[1])

@@ -137,10 +137,13 @@ class Simulation:
         model_for_job: Callable[[WorkloadJob], ThroughputModel] | None = None,
         type_models_for_job: Callable[[WorkloadJob, ThroughputModel], dict] | None = None,
         model_for_type=None,
+        model_now=None,
     ):
         """``model_for_job``: the job's model (what the policy sees, and its speed on untyped nodes);
         ``type_models_for_job``: its true model per GPU type (what it runs at there); ``model_for_type``:
-        what the policy is told per type (problem.build_problem's rule; None: the daemon's default)."""
+        what the policy is told per type (problem.build_problem's rule; None: the daemon's default);
+        ``model_now``: ``(record, model, backend) -> model`` each cycle, what the job's reports so far
+        make of its model (sim/hetero.py: the type it runs on, what it measured there; None: ``model``)."""
         self.workload = sorted(workload, key=lambda j: j.arrival_s)
         self.policy = policy
         if getattr(policy, "rigid", False) and config.planner.start_smaller:
@@ -152,6 +155,7 @@ class Simulation:
         self._model_for_job = model_for_job or (lambda w: model_for_spec(w.spec, config.gpus_per_node))
         self._type_models_for_job = type_models_for_job
         self._model_for_type = model_for_type
+        self._model_now = model_now
 
     @staticmethod
     def _grad_trace(model: ThroughputModel):
@@ -175,6 +179,8 @@ class Simulation:
         by_job: dict[int, WorkloadJob] = {}
 
         def model_for(record: JobRecord, spec: ElasticSpec) -> ThroughputModel:
+            if self._model_now is not None:
+                return self._model_now(record, models[record.job_id], backend)
             return models[record.job_id]
 
         claims = ClaimBook()

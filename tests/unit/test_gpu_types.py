@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from sim_helpers import LinearModel, toy_spec
 
@@ -189,3 +191,44 @@ def test_a_running_job_never_moves_to_a_slower_type():
     s = snap([rec(1, "RUNNING", nodes=("a1",)), rec(2, part="a100")])
     alloc = DPPolicy().allocate(s.problem)
     assert alloc.jobs[1].pool == "a100:a100" and "moved" not in alloc.jobs[1].reason
+
+
+def test_type_ratios_by_family_by_weight_and_under_other_names():
+    """Sia's names (aws, dgx-ext) are the same GPUs as t4, a100; a family's own ratio comes before the
+    cluster's (an A100 is 0.94x to 4.07x a T4 depending on the model); a profile may weigh several jobs."""
+    r = TypeRatios()
+    assert r.ratio("aws", "dgx-ext") == (pytest.approx(TYPE_SPEED["a100"]), "type prior")
+    r.observe(1, "aws", "dgx-ext", 4.0, family="bert")
+    r.observe(2, "t4", "a100", 1.0, family="ncf")
+    cluster, why = r.ratio("t4", "a100")
+    assert why == "type ratio from 2 jobs" and cluster == pytest.approx(
+        math.exp((math.log(4.0) + 2 * math.log(TYPE_SPEED["a100"])) / 4))
+    bert, why = r.ratio("t4", "a100", "bert")
+    assert why == "type ratio from 1 bert job (type ratio from 2 jobs)" and cluster < bert < 4.0
+    assert r.ratio("t4", "a100", "ncf")[0] < cluster < bert
+    r.observe(3, "aws", "dgx-ext", 4.0, family="bert", weight=6.0)  # a profile: weighs more
+    assert r.ratio("t4", "a100", "bert")[0] > bert
+    assert r.ratio("a100", "t4", "bert")[0] == pytest.approx(1 / r.ratio("t4", "a100", "bert")[0])
+
+
+def test_a_job_squeezed_on_the_fast_type_moves_to_more_gpus_of_a_slower_one():
+    """A job held at 1 A100 (a rigid job has the other 3) while 8 T4s are free: 4 T4s run it faster than
+    its one A100 by its models (x1.65 by the prior), so it moves; never to fewer, slower GPUs."""
+    nodes = [NodeRecord("t1", "IDLE", (), 4, 0, 8, ("t4",), "t4"), NodeRecord("t2", "IDLE", (), 4, 0, 8, ("t4",), "t4"),
+             NodeRecord("a1", "MIXED", (), 4, 4, 8, ("a100",), "a100")]
+    rigid = JobRecord(job_id=9, name="r", user="u", partition="a100", state="RUNNING", gpus_per_node=3,
+                      gpus_total=3, node_count=1, nodes=("a1",), comment="", held=False, priority=1, submit_time=0)
+    one = JobRecord(job_id=1, name="j1", user="u", partition="t4,a100", state="RUNNING", gpus_per_node=1,
+                    gpus_total=1, node_count=1, nodes=("a1",), comment=SPEC.to_comment(), held=False, priority=100,
+                    submit_time=1, start_time=0.0)
+    s = build_problem([one, rigid], nodes, model_for=lambda r, s: LinearModel(100.0), now=1000.0,
+                      default_restart_s=30.0)
+    a = DPPolicy().allocate(s.problem).jobs[1]
+    assert a.pool == "t4:t4" and a.gpus == 4 and "moved from a100:a100" in a.reason
+    # with only 1 T4 free it stays on its A100 (one T4 is slower than one A100)
+    busy_t4 = [NodeRecord("t1", "MIXED", (), 4, 3, 8, ("t4",), "t4"), nodes[2]]
+    other = JobRecord(job_id=8, name="r2", user="u", partition="t4", state="RUNNING", gpus_per_node=3, gpus_total=3,
+                      node_count=1, nodes=("t1",), comment="", held=False, priority=1, submit_time=0)
+    s = build_problem([one, rigid, other], busy_t4, model_for=lambda r, s: LinearModel(100.0), now=1000.0,
+                      default_restart_s=30.0)
+    assert DPPolicy().allocate(s.problem).jobs[1].pool == "a100:a100"

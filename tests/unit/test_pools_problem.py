@@ -12,6 +12,7 @@ from slurm_elastic.backends.base import JobRecord, NodeRecord
 from slurm_elastic.pools import allowed_pools, group_pools, parse_constraint
 from slurm_elastic.problem import build_problem
 from slurm_elastic.profiles.gavel import gavel_model
+from slurm_elastic.profiles.types import TYPE_SPEED
 from slurm_elastic.spec import SpecError
 
 MODEL = LinearModel()
@@ -88,7 +89,7 @@ def test_two_pools_jobs_get_their_pools_and_per_type_models():
     # a100 has no Gavel table: the measured per-type prior scales the V100 table (issue 23: never unscaled)
     m = dict(q[1].pool_models)["a100:a100"]
     assert q[1].unscaled_pools == () and m.provenance == "type prior"
-    assert m.samples_per_s(1, 1, 32) == pytest.approx(gv.samples_per_s(1, 1, 32) * 1.79 / 1.82)
+    assert m.samples_per_s(1, 1, 32) == pytest.approx(gv.samples_per_s(1, 1, 32) * TYPE_SPEED["a100"] / TYPE_SPEED["v100"])
     # a type nothing is known of: unscaled, and that is recorded
     odd = [n if n.gpu_type != "a100" else replace(n, gpu_type="h200") for n in TWO_POOLS]
     q1 = {r.job_id: r for r in build(jobs, odd, model=gv).problem.jobs}[1]

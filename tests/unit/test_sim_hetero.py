@@ -158,3 +158,82 @@ def test_policy_specs_with_options_split_as_written():
     assert split_specs("dp:a=1,b=2,dp:a=1") == ["dp:a=1,b=2", "dp:a=1"]
     assert parse_policy("dp:profiled,backoff=0")[1] == "profiled" and parse_policy("dp")[1] == "job"
     assert parse_policy("sia")[1] == "profiled" and parse_policy("sia:blind")[1] == "job"
+
+
+def _sim_job(jid, model, nodes=(), phase="", gpus=1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(job_id=jid, model=model, nodes=list(nodes), phase=phase, rate=1.0 if phase else 0.0,
+                           gpus=gpus, num_nodes=1, local_batch=128, accum=1, first_start=None, startup_s=50.0)
+
+
+def test_the_simulated_dp_learns_per_type_from_its_jobs_as_the_daemon_does():
+    """Issue 23: dp is not handed the tables the jobs run at. A job knows its own model (the T4 table)
+    and the prior until it trains on a type; then its table there, shared with its family; a job that
+    trained on two types gives the cluster's ratios (same family first)."""
+    from types import SimpleNamespace
+
+    from slurm_elastic.profiles.measured import pollux_model
+    from slurm_elastic.profiles.types import TYPE_SPEED
+    from slurm_elastic.sim.hetero import Learner, true_model
+
+    prior = pollux_model("cifar10")
+    backend = SimpleNamespace(node_type=["aws", "dgx-ext"], jobs={})
+    rec = SimpleNamespace
+    lr = Learner()
+    backend.jobs[1] = _sim_job(1, prior)
+    assert lr.model_now(rec(job_id=1), prior, backend) is prior  # pending, nothing measured: its own model
+    spec = SimpleNamespace(profile="cifar10")
+    m = lr.model_for_type(rec(job_id=1), spec, prior, "dgx-ext")
+    assert m.provenance == "type prior"  # data-sheet prior, not Sia's tables
+    assert m.samples_per_s(1, 1, 128, 1) == pytest.approx(prior.samples_per_s(1, 1, 128, 1) * TYPE_SPEED["a100"])
+    # it trains on the A100: its model there is its measured table (Sia's, slowed as the jobs run)
+    backend.jobs[1] = _sim_job(1, prior, nodes=[1], phase="training")
+    on = lr.model_now(rec(job_id=1), prior, backend)
+    assert on.gpu_type == "dgx-ext" and on.samples_per_s(1, 1, 128, 1) == pytest.approx(
+        true_model("cifar10", "dgx-ext").samples_per_s(1, 1, 128, 1))
+    # another cifar10 job, pending, knows its family's A100 table
+    backend.jobs[2] = _sim_job(2, prior)
+    other = lr.model_now(rec(job_id=2), prior, backend)
+    assert other.on_type("dgx-ext") is true_model("cifar10", "dgx-ext")
+    assert lr.ratios.ratio("aws", "dgx-ext", "cifar10")[1] == "type prior"
+    # job 1 then trains on the T4: the cluster learns the cifar10 ratio from both tables
+    backend.jobs[1] = _sim_job(1, prior, nodes=[0], phase="training")
+    lr.model_now(rec(job_id=1), prior, backend)
+    r, why = lr.ratios.ratio("aws", "dgx-ext", "cifar10")
+    true_r = true_model("cifar10", "dgx-ext").samples_per_s(1, 1, 128, 1) / true_model("cifar10", "aws").samples_per_s(
+        1, 1, 128, 1)
+    assert why.startswith("type ratio from 1 cifar10 job") and min(true_r, TYPE_SPEED["a100"]) < r < max(
+        true_r, TYPE_SPEED["a100"])
+
+
+def test_the_bootstrap_profiles_a_family_once_and_charges_it():
+    from types import SimpleNamespace
+
+    from slurm_elastic.profiles.measured import pollux_model
+    from slurm_elastic.sim.hetero import PROFILE_S, Learner
+
+    prior = pollux_model("bert")
+    backend = SimpleNamespace(node_type=["aws"], jobs={1: _sim_job(1, prior), 2: _sim_job(2, prior)})
+    lr = Learner(bootstrap=True)
+    lr.model_now(SimpleNamespace(job_id=1), prior, backend)
+    lr.model_now(SimpleNamespace(job_id=2), prior, backend)
+    assert backend.jobs[1].startup_s == pytest.approx(50.0 + 50.0 + PROFILE_S)  # its first start waits
+    assert backend.jobs[2].startup_s == 50.0  # the family is profiled once
+    assert lr.profile_gpu_s == pytest.approx(3 * (50.0 + PROFILE_S))  # one GPU of each of 3 types
+    r, why = lr.ratios.ratio("aws", "dgx-ext", "bert")
+    assert why.startswith("type ratio from 1 bert job") and r > 3.0  # bert: an A100 is ~4.5x a T4
+
+
+def test_restart_settings_and_sia_slowdowns():
+    from slurm_elastic.profiles.pertype import sia_model
+    from slurm_elastic.sim.hetero import flat_restart_s, read_sia_workload, true_model
+
+    assert flat_restart_s("sia") is None and flat_restart_s("flat") == 30.0 and flat_restart_s("600") == 600.0
+    for bad in ("0", "-5", "nan", "x"):
+        with pytest.raises(ValueError, match="restart"):
+            flat_restart_s(bad)
+    assert {w.spec.restart_s for w in read_sia_workload(1, restart="600")} == {600.0}
+    for app, slow in (("cifar10", 1.8), ("ncf", 1.5), ("bert", 1.2)):
+        assert true_model(app, "rtx").samples_per_s(1, 1, 64, 1) == pytest.approx(
+            sia_model(app, "rtx").samples_per_s(1, 1, 64, 1) / slow)
