@@ -30,6 +30,13 @@ running jobs at their current size, plus in-flight jobs at their target. Shrinks
 with the reason "waiting for GPUs". A policy whose allocation fits the capacity never hits the gate;
 it matters when cooldowns or the in-flight limit defer a shrink that the policy counted on.
 
+Placement order (issue 23 item 7): shrinks, then grows, then starts. A resize moves a job (it is requeued
+and placed again), so the GPUs it leaves behind, and the ones a grow that cannot be placed does not take,
+are free only after the resizes; starts placed before the grows could not use them (a 1-GPU start on a
+whole free node broke a 3-node grow, so it waited while the GPU the grow left went to no job). Each start
+therefore names the resizes of its plan it follows (``Start.after``) and the enactor releases it once they
+are placed, so Slurm places it on the map the planner placed it on.
+
 Placement gate (when the driver passes ``node_free``, the free GPUs per node as Slurm reports them):
 the planner places every action best-fit on that map, as Slurm would. A released job that Slurm has
 not started (``starting``) keeps its place if it fits; if it does not fit and has waited
@@ -39,7 +46,8 @@ pools its place is looked for only on the nodes it was pinned to (``JobView.star
 does not fit there while the policy now puts it in another pool is held again at once, to start there. A start that
 cannot be placed at the policy's k starts at the largest allowed k' < k that can be placed and runs the
 same batch (``start_smaller``; off for gang-scheduled policies such as ``static``), else waits. A grow
-that cannot be placed is left for a later cycle. A shrink always fits in the GPUs it frees.
+that cannot be placed is left for a later cycle (its GPUs go to the starts placed after it). A shrink always
+fits in the GPUs it frees.
 
 Placement: ``nodes`` and GPUs per node follow :meth:`ElasticSpec.placement` (k <= node size on one
 node, larger k on whole nodes), unless the policy already gave a node count.
@@ -114,6 +122,9 @@ class Start:
     partition: str | None = None  # several pools: pin it to the chosen pool's partition and GPU type
     gpu_type: str | None = None
     exclude_nodes: tuple[str, ...] | None = None  # nodes kept for rigid jobs (set by enact; () clears)
+    # the resizes of the same plan it is placed after (their GPUs may be the ones it gets): the enactor
+    # releases it once none of them is in flight
+    after: tuple[int | str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -379,26 +390,15 @@ def plan(
             placer.take(nodes, gpn)  # fits in the GPUs it frees
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink",
                                    **_pin(a, v, pool_by))
+    # Capacity in priority order (starts before grows); placement in execution order (grows, then starts).
+    admitted: list[_Pending] = []
     for p in starts:
-        v, a = p.view, p.alloc
-        k, why = a.gpus, a.reason or "policy: start"
-        if committed + k > capacity:
-            actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
+        if committed + p.alloc.gpus > capacity:
+            actions[p.view.job_id] = Leave(p.view.job_id, "waiting for GPUs")
             deferred += 1
             continue
-        if placer is not None:
-            placer.scope(pool_by.get(a.pool))
-            k = _placeable(placer, v, a, config.start_smaller)
-            if k == 0:
-                actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
-                deferred += 1
-                continue
-            if k != a.gpus:
-                why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
-                a = _at(a, v, k)
-        committed += k
-        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
-        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by))
+        committed += p.alloc.gpus  # reserved here; what it is placed at is settled below
+        admitted.append(p)
     for p in grows:
         v, a = p.view, p.alloc
         if committed + a.gpus - v.gpus > capacity:
@@ -420,10 +420,29 @@ def plan(
         d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
                                    **_pin(a, v, pool_by))
+    resized = tuple(a.job_id for a in actions.values() if a.kind == "resize")
+    for p in admitted:
+        v, a = p.view, p.alloc
+        k, why = a.gpus, a.reason or "policy: start"
+        if placer is not None:
+            placer.scope(pool_by.get(a.pool))
+            k = _placeable(placer, v, a, config.start_smaller)
+            if k == 0:
+                committed -= a.gpus
+                actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
+                deferred += 1
+                continue
+            if k != a.gpus:
+                why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
+                committed -= a.gpus - k
+                a = _at(a, v, k)
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
+        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
     ordered = tuple(actions[v.job_id] for v in views if v.job_id in actions)
-    # Execution order: holds, shrinks and preemptions first (they return GPUs), then starts, then grows.
-    rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 2, "leave": 4}
-    ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (2 if x.kind == "resize" and not x.is_shrink else 0)))
+    # Execution order: holds, shrinks and preemptions first (they return GPUs), then grows, then starts
+    # (released by the enactor once the resizes they follow are placed).
+    rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 3, "leave": 4}
+    ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (1 if x.kind == "resize" and not x.is_shrink else 0)))
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
 
 

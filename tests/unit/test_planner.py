@@ -62,10 +62,11 @@ def test_in_flight_and_starting_jobs_are_left_alone_and_committed():
     assert {a.job_id: a.reason for a in p.actions}["c"] == "waiting for GPUs"
 
 
-def test_shrinks_before_starts_before_grows_and_capacity_gate():
+def test_shrinks_before_grows_before_starts_and_capacity_gate():
     jobs = [view("g", pl.RUNNING, 4), view("s", pl.RUNNING, 8), view("n", pl.PENDING)]
     p = pl.plan(alloc(g=8, s=4, n=4), jobs, {}, 1000.0, capacity=16, node_size=4)
-    assert [a.job_id for a in p.actions] == ["s", "n", "g"]
+    assert [a.job_id for a in p.actions] == ["s", "g", "n"]
+    assert p.actions[2].after == ("g", "s") or set(p.actions[2].after) == {"g", "s"}  # released after them
     assert p.committed_gpus == 16
     # Without the shrink (cooldown on s), the start fits (4+8+4=16) but the grow does not.
     books = {"s": pl.JobBook(last_change_s=900.0)}
@@ -177,3 +178,18 @@ def test_released_job_pinned_to_a_pool_it_no_longer_fits_is_held_for_the_pool_th
     to_v100 = Allocation({"a": JobAllocation("a", 2, batch=8, local_batch=4, pool="v100")})
     p = pl.plan(to_v100, jobs, books, 5.0, capacity=8, node_size=4, node_free=full_v100, pools=pools)
     assert kinds(p) == {"a": ("leave", None)}
+
+
+def test_a_grow_is_placed_before_a_start_so_the_start_takes_the_gpus_it_leaves():
+    # Issue 23 item 7. n0 is free; g (2 GPUs) and x (2 GPUs) fill n1. The policy grows g to 4 and starts s
+    # at 1: g can only go to n0 (4 on one node) and s to the 2 GPUs g leaves on n1. Placed start first, s
+    # took n0 (best fit: the only free node), g's grow found no node and 3 GPUs of n0 stayed idle.
+    on = {"g": ("n1",), "x": ("n1",)}
+    jobs = [pl.JobView("s", pl.PENDING, spec=SPEC)] + [
+        pl.JobView(j, pl.RUNNING, 2, 8, 0.0, SPEC, on[j], 2) for j in ("g", "x")]
+    p = pl.plan(alloc(s=1, g=4, x=2), jobs, {}, 1000.0, capacity=8, node_size=4, node_free={"n0": 4, "n1": 0})
+    k = kinds(p)
+    assert k["g"] == ("resize", 4) and k["s"] == ("start", 1) and k["x"] == ("leave", None)
+    assert [a.job_id for a in p.changes] == ["g", "s"]  # executed in the order placed
+    assert p.changes[1].after == ("g",)  # released once g is placed on n0
+    assert p.committed_gpus == 7
