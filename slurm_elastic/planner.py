@@ -35,7 +35,9 @@ and placed again), so the GPUs it leaves behind, and the ones a grow that cannot
 are free only after the resizes; starts placed before the grows could not use them (a 1-GPU start on a
 whole free node broke a 3-node grow, so it waited while the GPU the grow left went to no job). Each start
 therefore names the resizes of its plan it follows (``Start.after``) and the enactor releases it once they
-are placed, so Slurm places it on the map the planner placed it on.
+are placed, so Slurm places it on the map the planner placed it on. Where the starts, placed now ahead of
+the resizes as Slurm would place them at once, leave every resize placeable and the same free map, they
+name none and are released at once (no wait for a checkpoint that has nothing to do with them).
 
 Placement gate (when the driver passes ``node_free``, the free GPUs per node as Slurm reports them):
 the planner places every action best-fit on that map, as Slurm would. A released job that Slurm has
@@ -362,6 +364,7 @@ def plan(
                 actions[v.job_id] = Hold(v.job_id, v.gpus, f"no placement for {v.gpus} GPUs in the pool it was "
                                          f"released to; held again, to start in {elsewhere}")
         placer.only = None
+    before = dict(placer.free) if placer is not None else None  # the map Slurm would place a start on now
 
     def take_slot(p: _Pending) -> bool:
         nonlocal in_flight, deferred
@@ -420,7 +423,7 @@ def plan(
         d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
                                    **_pin(a, v, pool_by))
-    resized = tuple(a.job_id for a in actions.values() if a.kind == "resize")
+    resized = tuple(a.job_id for a in actions.values() if a.kind == "resize") if placer is not None else ()
     for p in admitted:
         v, a = p.view, p.alloc
         k, why = a.gpus, a.reason or "policy: start"
@@ -438,12 +441,40 @@ def plan(
                 a = _at(a, v, k)
         d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
+    pool_of = {p.view.job_id: p.alloc.pool for p in (*shrinks, *grows, *admitted)}
+    if resized and _same_map_now(before, placer, actions, views, pool_by, pool_of):
+        for j, a in actions.items():  # placed now, they land where they would after the resizes: no wait
+            if a.kind == "start":
+                actions[j] = replace(a, after=())
     ordered = tuple(actions[v.job_id] for v in views if v.job_id in actions)
     # Execution order: holds, shrinks and preemptions first (they return GPUs), then grows, then starts
     # (released by the enactor once the resizes they follow are placed).
     rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 3, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (1 if x.kind == "resize" and not x.is_shrink else 0)))
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
+
+
+def _same_map_now(before: dict, after: _Placer, actions: Mapping, views: list, pool_by: Mapping,
+                  pool_of: Mapping) -> bool:
+    """Would the plan's starts, released now (placed on ``before``, ahead of every resize, as Slurm would
+    place them), leave every resize placeable and the same free map as placed after the resizes? Then they
+    need not wait for the resizes' checkpoints (seconds to minutes live)."""
+    starts = [a for a in actions.values() if a.kind == "start"]
+    if not starts:
+        return False
+    t = _Placer(before, after.default_size)
+    by = {v.job_id: v for v in views}
+    for a in starts:
+        t.scope(pool_by.get(pool_of.get(a.job_id)))
+        if t.take(a.nodes, a.gpus_per_node) is None:
+            return False
+    for a in sorted((a for a in actions.values() if a.kind == "resize"), key=lambda a: not a.is_shrink):
+        v = by[a.job_id]
+        t.give_back(v.nodes, v.gpus_per_node)
+        t.scope(None if a.is_shrink else pool_by.get(pool_of.get(a.job_id)))  # as placed above
+        if t.take(a.nodes, a.gpus_per_node) is None:
+            return False
+    return t.free == after.free
 
 
 def _moves(a: JobAllocation, v: JobView, pool_by: Mapping) -> bool:

@@ -66,7 +66,7 @@ def test_shrinks_before_grows_before_starts_and_capacity_gate():
     jobs = [view("g", pl.RUNNING, 4), view("s", pl.RUNNING, 8), view("n", pl.PENDING)]
     p = pl.plan(alloc(g=8, s=4, n=4), jobs, {}, 1000.0, capacity=16, node_size=4)
     assert [a.job_id for a in p.actions] == ["s", "g", "n"]
-    assert p.actions[2].after == ("g", "s") or set(p.actions[2].after) == {"g", "s"}  # released after them
+    assert p.actions[2].after == ()  # no placement gate (no node map): nothing to wait for
     assert p.committed_gpus == 16
     # Without the shrink (cooldown on s), the start fits (4+8+4=16) but the grow does not.
     books = {"s": pl.JobBook(last_change_s=900.0)}
@@ -193,3 +193,14 @@ def test_a_grow_is_placed_before_a_start_so_the_start_takes_the_gpus_it_leaves()
     assert [a.job_id for a in p.changes] == ["g", "s"]  # executed in the order placed
     assert p.changes[1].after == ("g",)  # released once g is placed on n0
     assert p.committed_gpus == 7
+
+
+def test_a_start_that_needs_no_gpu_of_a_resize_is_released_at_once():
+    # g grows 2->4 in place of nothing else (n1 empties, n2 was free); s starts at 2 on n0's free GPUs,
+    # which no resize touches: it need not wait for g's checkpoint.
+    jobs = [pl.JobView("s", pl.PENDING, spec=SPEC), pl.JobView("g", pl.RUNNING, 2, 8, 0.0, SPEC, ("n1",), 2)]
+    p = pl.plan(alloc(s=2, g=4), jobs, {}, 1000.0, capacity=12, node_size=4,
+                node_free={"n0": 2, "n1": 2, "n2": 4})
+    k = kinds(p)
+    assert k["g"] == ("resize", 4) and k["s"] == ("start", 2)
+    assert {a.job_id: a for a in p.actions}["s"].after == ()
