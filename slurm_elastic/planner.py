@@ -388,7 +388,9 @@ def plan(
         if a.gpus == 0:
             actions[v.job_id] = Preempt(v.job_id, v.gpus, a.reason or "policy: preempt")
             continue
-        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
+        if placer is not None:  # in its pool, as Slurm places it there (pinned: _pin); best fit over every
+            placer.scope(pool_by.get(a.pool))  # pool put it on another type's node in the model only
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         if placer is not None:
             placer.take(nodes, gpn)  # fits in the GPUs it frees
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink",
@@ -471,7 +473,7 @@ def _same_map_now(before: dict, after: _Placer, actions: Mapping, views: list, p
     for a in sorted((a for a in actions.values() if a.kind == "resize"), key=lambda a: not a.is_shrink):
         v = by[a.job_id]
         t.give_back(v.nodes, v.gpus_per_node)
-        t.scope(None if a.is_shrink else pool_by.get(pool_of.get(a.job_id)))  # as placed above
+        t.scope(pool_by.get(pool_of.get(a.job_id)))  # as placed above
         if t.take(a.nodes, a.gpus_per_node) is None:
             return False
     return t.free == after.free
