@@ -91,6 +91,9 @@ class JobBook:
     # Slurm's submit time before our first action on it: a requeue resets Slurm's SubmitTime (seen on
     # 22.05), and the job's age (Pollux's re-allocation factor) counts from its first submission
     submitted_s: float | None = None
+    # the nodes its last start or resize excluded (ExcNodeList: the pin to a GPU type in a partition of
+    # several, or nodes kept for a rigid job): Slurm will not place it there while it waits released
+    excluded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -351,6 +354,9 @@ def plan(
     if placer is not None:
         for v in waiting:
             placer.only = v.start_nodes
+            ex = books.get(v.job_id, JobBook()).excluded
+            if ex:  # seen on the heterogeneous simulator: held a place on a type it was excluded from
+                placer.only = frozenset(placer.free if placer.only is None else placer.only) - set(ex)
             n, g = placer.shape(v, v.gpus)
             if placer.take(n, g) is not None:
                 continue
@@ -555,6 +561,8 @@ def update_books(
         b = out.get(a.job_id, JobBook())
         if b.submitted_s is None and submitted and a.job_id in submitted:
             b = replace(b, submitted_s=float(submitted[a.job_id]))
+        if isinstance(a, (Start, Resize)) and a.exclude_nodes is not None:  # None: as it was; (): cleared
+            b = replace(b, excluded=tuple(a.exclude_nodes))
         if isinstance(a, Start):
             out[a.job_id] = replace(b, last_change_s=now, seq=a.decision.seq)
         elif isinstance(a, Resize):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim_helpers import toy_spec
 
 from slurm_elastic import planner as pl
@@ -204,3 +206,17 @@ def test_a_start_that_needs_no_gpu_of_a_resize_is_released_at_once():
     k = kinds(p)
     assert k["g"] == ("resize", 4) and k["s"] == ("start", 2)
     assert {a.job_id: a for a in p.actions}["s"].after == ()
+
+
+def test_a_released_job_holds_no_place_on_nodes_its_last_start_excluded():
+    # Seen on the heterogeneous simulator: a released job pinned to one type by ExcNodeList (a partition of
+    # several types) "kept its place" on a free node of another type in the planner's map, though Slurm
+    # would never start it there; a grow was planned onto the GPUs it then took, and it waited 24 minutes.
+    d = pl.Decision(gpus=4, nodes=1, batch=8, local_batch=2, seq=1)
+    start = pl.Start("w", 4, 1, 4, d, exclude_nodes=("n1",))
+    books = pl.update_books({}, [start], 0.0)
+    assert books["w"].excluded == ("n1",)
+    jobs = [pl.JobView("w", pl.STARTING, 4, 8, 0.0, SPEC)]
+    p = pl.plan(alloc(w=4), jobs, books, 200.0, capacity=8, node_size=4, node_free={"n0": 2, "n1": 4})
+    assert kinds(p)["w"] == ("hold", 4)  # not placeable where it may start, and past start_timeout_s
+    assert pl.update_books(books, [replace(start, exclude_nodes=())], 300.0)["w"].excluded == ()
