@@ -11,6 +11,9 @@ Order of backend calls (the contract the daemon and the simulator share):
   result says so.
 - **Preempt**: as a resize, but after ``requeue_hold`` the job stays held (decision unchanged).
 - **Hold**: ``hold`` a released job that Slurm could not place (it is pending again).
+- A start that names resizes of its plan (``Start.after``: the planner placed it on the map they leave)
+  is released once none of them is in flight, so that Slurm places it where the planner did; its result
+  is "begun" until then. The next ``apply`` drops one still waiting (the new plan decides about the job).
 
 A job slow to end (it acknowledged the stop but ignores TERM: Slurm waits KillWait before it kills
 it) must delay only itself (issue 24 item 7): where the backend can, ``requeue_hold`` returns at once
@@ -101,6 +104,7 @@ class Enactor:
         self.ack_timeout_s = ack_timeout_s
         self.signal_name = signal
         self.in_flight: dict[int | str, _InFlight] = {}
+        self.waiting: dict[int | str, pl.Start] = {}  # starts released once the resizes they follow are placed
         self.excluded: set[int | str] = set()  # jobs given an ExcNodeList for a rigid job (cleared later)
         self.log: list[ActionResult] = []
         self.journal = journal
@@ -147,6 +151,7 @@ class Enactor:
 
     def apply(self, actions: Iterable[pl.Action]) -> list[ActionResult]:
         out = []
+        self.waiting.clear()  # a start still waiting from an earlier plan: this plan decides about its job
         for a in actions:
             if isinstance(a, pl.Leave):
                 continue
@@ -155,6 +160,12 @@ class Enactor:
                 continue
             try:
                 if isinstance(a, pl.Start):
+                    follows = [j for j in a.after if j in self.in_flight]
+                    if follows:
+                        self.waiting[a.job_id] = a
+                        out.append(self._result(a, "begun", "released once the resizes of jobs "
+                                                + ", ".join(map(str, follows)) + " are placed"))
+                        continue
                     self._place(a)
                     out.append(self._result(a, "done"))
                 elif isinstance(a, pl.Hold):
@@ -254,6 +265,15 @@ class Enactor:
                 out.append(self._result(a, "error", f"not requeueable, left as it is: {e}"))
             except SlurmError as e:
                 self.in_flight.pop(job_id, None)
+                out.append(self._result(a, "error", str(e)))
+        for job_id, a in list(self.waiting.items()):
+            if any(j in self.in_flight for j in a.after):
+                continue
+            del self.waiting[job_id]
+            try:
+                self._place(a)
+                out.append(self._result(a, "done"))
+            except SlurmError as e:
                 out.append(self._result(a, "error", str(e)))
         return out
 

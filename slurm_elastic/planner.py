@@ -35,6 +35,15 @@ running jobs at their current size, plus in-flight jobs at their target. Shrinks
 with the reason "waiting for GPUs". A policy whose allocation fits the capacity never hits the gate;
 it matters when cooldowns or the in-flight limit defer a shrink that the policy counted on.
 
+Placement order (issue 23 item 7): shrinks, then grows, then starts. A resize moves a job (it is requeued
+and placed again), so the GPUs it leaves behind, and the ones a grow that cannot be placed does not take,
+are free only after the resizes; starts placed before the grows could not use them (a 1-GPU start on a
+whole free node broke a 3-node grow, so it waited while the GPU the grow left went to no job). Each start
+therefore names the resizes of its plan it follows (``Start.after``) and the enactor releases it once they
+are placed, so Slurm places it on the map the planner placed it on. Where the starts, placed now ahead of
+the resizes as Slurm would place them at once, leave every resize placeable and the same free map, they
+name none and are released at once (no wait for a checkpoint that has nothing to do with them).
+
 Placement gate (when the driver passes ``node_free``, the free GPUs per node as Slurm reports them):
 the planner places every action best-fit on that map, as Slurm would. A released job that Slurm has
 not started (``starting``) keeps its place if it fits; if it does not fit and has waited
@@ -44,7 +53,8 @@ pools its place is looked for only on the nodes it was pinned to (``JobView.star
 does not fit there while the policy now puts it in another pool is held again at once, to start there. A start that
 cannot be placed at the policy's k starts at the largest allowed k' < k that can be placed and runs the
 same batch (``start_smaller``; off for gang-scheduled policies such as ``static``), else waits. A grow
-that cannot be placed is left for a later cycle. A shrink always fits in the GPUs it frees.
+that cannot be placed is left for a later cycle (its GPUs go to the starts placed after it). A shrink always
+fits in the GPUs it frees.
 
 Placement: ``nodes`` and GPUs per node follow :meth:`ElasticSpec.placement` (k <= node size on one
 node, larger k on whole nodes), unless the policy already gave a node count.
@@ -91,6 +101,9 @@ class JobBook:
     # Slurm's submit time before our first action on it: a requeue resets Slurm's SubmitTime (seen on
     # 22.05), and the job's age (Pollux's re-allocation factor) counts from its first submission
     submitted_s: float | None = None
+    # the nodes its last start or resize excluded (ExcNodeList: the pin to a GPU type in a partition of
+    # several, or nodes kept for a rigid job): Slurm will not place it there while it waits released
+    excluded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,9 @@ class Start:
     partition: str | None = None  # several pools: pin it to the chosen pool's partition and GPU type
     gpu_type: str | None = None
     exclude_nodes: tuple[str, ...] | None = None  # nodes kept for rigid jobs (set by enact; () clears)
+    # the resizes of the same plan it is placed after (their GPUs may be the ones it gets): the enactor
+    # releases it once none of them is in flight
+    after: tuple[int | str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -364,6 +380,9 @@ def plan(
     if placer is not None:
         for v in waiting:
             placer.only = v.start_nodes
+            ex = books.get(v.job_id, JobBook()).excluded
+            if ex:  # seen on the heterogeneous simulator: held a place on a type it was excluded from
+                placer.only = frozenset(placer.free if placer.only is None else placer.only) - set(ex)
             n, g = placer.shape(v, v.gpus)
             if placer.take(n, g) is not None:
                 continue
@@ -377,6 +396,7 @@ def plan(
                 actions[v.job_id] = Hold(v.job_id, v.gpus, f"no placement for {v.gpus} GPUs in the pool it was "
                                          f"released to; held again, to start in {elsewhere}")
         placer.only = None
+    before = dict(placer.free) if placer is not None else None  # the map Slurm would place a start on now
 
     def take_slot(p: _Pending) -> bool:
         nonlocal in_flight, deferred
@@ -400,31 +420,22 @@ def plan(
         if a.gpus == 0:
             actions[v.job_id] = Preempt(v.job_id, v.gpus, a.reason or "policy: preempt")
             continue
-        d, nodes, gpn = _decision(a, v, node_size, seq_of(v))
+        if placer is not None:  # in its pool, as Slurm places it there (pinned: _pin); best fit over every
+            placer.scope(pool_by.get(a.pool))  # pool put it on another type's node in the model only
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         if placer is not None:
             placer.take(nodes, gpn)  # fits in the GPUs it frees
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink",
                                    **_pin(a, v, pool_by))
+    # Capacity in priority order (starts before grows); placement in execution order (grows, then starts).
+    admitted: list[_Pending] = []
     for p in starts:
-        v, a = p.view, p.alloc
-        k, why = a.gpus, a.reason or "policy: start"
-        if committed + k > capacity:
-            actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
+        if committed + p.alloc.gpus > capacity:
+            actions[p.view.job_id] = Leave(p.view.job_id, "waiting for GPUs")
             deferred += 1
             continue
-        if placer is not None:
-            placer.scope(pool_by.get(a.pool))
-            k = _placeable(placer, v, a, config.start_smaller)
-            if k == 0:
-                actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
-                deferred += 1
-                continue
-            if k != a.gpus:
-                why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
-                a = _at(a, v, k)
-        committed += k
-        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
-        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by))
+        committed += p.alloc.gpus  # reserved here; what it is placed at is settled below
+        admitted.append(p)
     for p in grows:
         v, a = p.view, p.alloc
         if committed + a.gpus - v.gpus > capacity:
@@ -446,10 +457,34 @@ def plan(
         d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
                                    **_pin(a, v, pool_by))
+    resized = tuple(a.job_id for a in actions.values() if a.kind == "resize") if placer is not None else ()
+    for p in admitted:
+        v, a = p.view, p.alloc
+        k, why = a.gpus, a.reason or "policy: start"
+        if placer is not None:
+            placer.scope(pool_by.get(a.pool))
+            k = _placeable(placer, v, a, config.start_smaller)
+            if k == 0:
+                committed -= a.gpus
+                actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
+                deferred += 1
+                continue
+            if k != a.gpus:
+                why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
+                committed -= a.gpus - k
+                a = _at(a, v, k)
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
+        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
+    pool_of = {p.view.job_id: p.alloc.pool for p in (*shrinks, *grows, *admitted)}
+    if resized and _same_map_now(before, placer, actions, views, pool_by, pool_of):
+        for j, a in actions.items():  # placed now, they land where they would after the resizes: no wait
+            if a.kind == "start":
+                actions[j] = replace(a, after=())
     ordered = tuple(actions[v.job_id] for v in views if v.job_id in actions)
-    # Execution order: holds, shrinks and preemptions first (they return GPUs), then starts, then grows.
-    rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 2, "leave": 4}
-    ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (2 if x.kind == "resize" and not x.is_shrink else 0)))
+    # Execution order: holds, shrinks and preemptions first (they return GPUs), then grows, then starts
+    # (released by the enactor once the resizes they follow are placed).
+    rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 3, "leave": 4}
+    ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (1 if x.kind == "resize" and not x.is_shrink else 0)))
     return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
 
 
@@ -462,6 +497,29 @@ def settle_s(v: JobView, config: PlannerConfig) -> float:
     if v.restart_s is None:
         return config.settle_timeout_s
     return min(config.settle_timeout_s, max(config.settle_min_s, config.settle_per_restart * v.restart_s))
+
+
+def _same_map_now(before: dict, after: _Placer, actions: Mapping, views: list, pool_by: Mapping,
+                  pool_of: Mapping) -> bool:
+    """Would the plan's starts, released now (placed on ``before``, ahead of every resize, as Slurm would
+    place them), leave every resize placeable and the same free map as placed after the resizes? Then they
+    need not wait for the resizes' checkpoints (seconds to minutes live)."""
+    starts = [a for a in actions.values() if a.kind == "start"]
+    if not starts:
+        return False
+    t = _Placer(before, after.default_size)
+    by = {v.job_id: v for v in views}
+    for a in starts:
+        t.scope(pool_by.get(pool_of.get(a.job_id)))
+        if t.take(a.nodes, a.gpus_per_node) is None:
+            return False
+    for a in sorted((a for a in actions.values() if a.kind == "resize"), key=lambda a: not a.is_shrink):
+        v = by[a.job_id]
+        t.give_back(v.nodes, v.gpus_per_node)
+        t.scope(pool_by.get(pool_of.get(a.job_id)))  # as placed above
+        if t.take(a.nodes, a.gpus_per_node) is None:
+            return False
+    return t.free == after.free
 
 
 def _moves(a: JobAllocation, v: JobView, pool_by: Mapping) -> bool:
@@ -540,6 +598,8 @@ def update_books(
         b = out.get(a.job_id, JobBook())
         if b.submitted_s is None and submitted and a.job_id in submitted:
             b = replace(b, submitted_s=float(submitted[a.job_id]))
+        if isinstance(a, (Start, Resize)) and a.exclude_nodes is not None:  # None: as it was; (): cleared
+            b = replace(b, excluded=tuple(a.exclude_nodes))
         if isinstance(a, Start):
             out[a.job_id] = replace(b, last_change_s=now, seq=a.decision.seq)
         elif isinstance(a, Resize):

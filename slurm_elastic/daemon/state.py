@@ -169,6 +169,9 @@ def action_from_json(text: str) -> pl.Action:
     cls = {"start": pl.Start, "resize": pl.Resize, "preempt": pl.Preempt, "hold": pl.Hold, "leave": pl.Leave}.get(kind)
     if cls is None:
         raise ValueError(f"unknown action kind {kind!r}")
+    for k in ("after", "exclude_nodes"):  # tuples in the action, lists in JSON
+        if isinstance(d.get(k), list):
+            d[k] = tuple(d[k])
     return cls(**d)
 
 

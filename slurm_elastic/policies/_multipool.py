@@ -574,7 +574,10 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         pj, pp = q.job[first], q.pool[first]
         npools = np.bincount(pj, minlength=len(q.standing))
         several = npools[npools > 1]
-        combos = float(np.prod(several.astype(np.float64))) if several.size else 1.0  # inf when huge
+        # Every factor is >= 2, so more than log2(limit) of them are past the limit: their product is not
+        # taken (on 10,000 jobs in 8 pools it overflowed a float: a RuntimeWarning every allocation).
+        fits = several.size <= math.log2(max(enumerate_limit, 1))
+        combos = float(np.prod(several)) if fits else math.inf
         if combos <= enumerate_limit:
             for j, i in zip(pj.tolist(), pp.tolist(), strict=True):
                 if npools[j] > 1:

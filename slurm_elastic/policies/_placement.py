@@ -4,8 +4,11 @@ make it placeable by construction.
 The knapsack counts GPUs in a pool; Slurm places jobs on nodes (a job of k <= node size on one node,
 larger ones on whole nodes, :meth:`ElasticSpec.placement`). :func:`_replay` carries out a choice on the
 per-node free map in the planner's order (kept and frozen jobs where they are, released-but-unplaced
-jobs first, then shrinks, then starts in priority order, then grows; best fit: the fewest free GPUs
-first, then the node name, exactly as ``planner._Placer`` and the simulated Slurm do).
+jobs first, then shrinks, then grows, then starts in priority order; best fit: the fewest free GPUs
+first, then the node name, exactly as ``planner._Placer`` and the simulated Slurm do). Starts come last
+(the enactor releases them once the cycle's resizes are placed): the GPUs a moved job leaves and those a
+lowered grow does not take go to the starts, where before a start placed ahead of the grows could neither
+use them nor fit without breaking a grow (issue 23 item 7: GPUs idle while a job that fitted waited).
 
 Where some job does not fit at its turn, :func:`make_placeable` re-solves the knapsack once with those
 jobs capped at what they fit at (so their GPUs go, exactly, where they are worth most), and then
@@ -133,7 +136,7 @@ def start_map(problem) -> _Free:
 
 
 def _replay(cand, chosen: np.ndarray, fix: bool, start: _Free | None = None):
-    """Carry ``chosen`` out in the planner's order. Returns ``(bad, chosen, free, where)``: ``bad`` maps
+    """Carry ``chosen`` out in the planner's order (shrinks, grows, starts). Returns ``(bad, chosen, free, where)``: ``bad`` maps
     each position that did not fit to the flat choice it fits at (``fix``: ``chosen`` is changed to it
     and the replay goes on with it), ``free`` the map after every action, ``where[p]`` = (nodes, GPUs
     per node) the job holds after them."""
@@ -167,22 +170,7 @@ def _replay(cand, chosen: np.ndarray, fix: bool, start: _Free | None = None):
         if k > 0:
             n, g = _shape(r.spec, k, ns)
             where[p] = (free.take(n, g) or (), g)  # fits in the GPUs it frees
-    bad: dict[int, int] = {}
-    for p in starts:
-        r = jobs[int(cand.dp_jobs[p])]
-        n, g = _shape(r.spec, int(counts[p]), ns)
-        got = free.take(n, g)
-        if got is None:
-            i = _best_fitting(cand, p, free, r, ns, int(counts[p]), 0)
-            bad[p] = i
-            if fix:
-                chosen[p] = i
-                k = int(cand.cols[0, i])
-                if k > 0:
-                    n, g = _shape(r.spec, k, ns)
-                    got = free.take(n, g)
-        if got:
-            where[p] = (got, g)
+    bad = _Bad()
     for p in grows:
         r = jobs[int(cand.dp_jobs[p])]
         free.add(r.nodes, r.gpus_per_node)
@@ -201,13 +189,68 @@ def _replay(cand, chosen: np.ndarray, fix: bool, start: _Free | None = None):
             if fix:
                 chosen[p] = i
         where[p] = (got, g)
+    stuck = []
+    for p in starts:
+        r = jobs[int(cand.dp_jobs[p])]
+        n, g = _shape(r.spec, int(counts[p]), ns)
+        got = free.take(n, g)
+        if got is None:
+            i = _best_fitting(cand, p, free, r, ns, int(counts[p]), 0)
+            bad[p] = i
+            if fix:
+                chosen[p] = i
+                k = int(cand.cols[0, i])
+                if k > 0:
+                    n, g = _shape(r.spec, k, ns)
+                    got = free.take(n, g)
+                    if got is None:
+                        stuck.append(p)  # no count of it fits (a start it must make: no 0 choice)
+        if got:
+            where[p] = (got, g)
+    bad.stuck = len(stuck)
     return bad, chosen, free, where
+
+
+class _Bad(dict):
+    """``_replay``'s ``{position: choice it fits at}``; ``stuck``: starts no choice of which fits (``fix``)."""
+
+    stuck = 0
+
+
+def _repair(cand, chosen: np.ndarray, start: _Free | None = None):
+    """``_replay`` with ``fix``, and where a start that must be made (its choices have no 0) fits at none of
+    its counts after the grows, the grows capped at their running count, the last placed first (1, 2, 4, ...
+    of them), until it fits: starts are placed after grows, so only a grow can make room for it."""
+    out = _replay(cand, chosen, True, start)
+    if not out[0].stuck:
+        return out
+    jobs = cand.problem.jobs
+    grows = []
+    for p, j in enumerate(cand.dp_jobs.tolist()):
+        r = jobs[j]
+        k = int(cand.cols[0, chosen[p]])
+        if r.running_gpus > 0 and r.nodes and k > r.running_gpus:
+            lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
+            at = np.nonzero(cand.cols[0, lo:hi] == r.running_gpus)[0]
+            if at.size:
+                keep = at[cand.keep[lo + at]] if cand.keep[lo + at].any() else at
+                grows.append((p, lo + int(keep[0])))
+    n = 1
+    while grows:
+        capped = chosen.copy()
+        for p, i in grows[-n:]:
+            capped[p] = i
+        out = _replay(cand, capped, True, start)
+        if not out[0].stuck or n >= len(grows):
+            break
+        n *= 2
+    return out
 
 
 def _best_fitting(cand, p: int, free: _Free, r, ns: int, k: int, floor: int) -> int:
     """The flat index of the job's most valuable choice below ``k`` that fits now. ``floor`` (its running
     count, 0 for a start) always fits: it is where the job is. A running job's choices below its count
-    are not considered (that would be a shrink, which the planner orders before every start)."""
+    are not considered (that would be a shrink, which the planner orders before every grow and start)."""
     lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
     c = cand.cols[0, lo:hi]
     v = cand.values[lo:hi]
@@ -237,7 +280,7 @@ def repair(cand, chosen: np.ndarray) -> np.ndarray:
     """``chosen`` with every job that does not fit at its turn lowered to its best choice that does."""
     if cand.problem.node_capacity is None or not chosen.size:
         return chosen
-    return _replay(cand, chosen, fix=True)[1]
+    return _repair(cand, chosen)[1]
 
 
 def _fill(cand, chosen: np.ndarray, spare: int) -> np.ndarray | None:
@@ -294,7 +337,8 @@ START_FILL_LARGE = 512  # beyond this many jobs, 2 tries (bench allocator's 1,00
 def _start_fill(cand, chosen: np.ndarray, tries: int | None = None) -> np.ndarray:
     """Start pending jobs on the GPUs the repair left idle: in order of the value of their start, each at
     its most valuable count within the spare GPUs whose whole choice still replays without a failure
-    (the planner places starts before grows, so a start must not take a node a grow needs). No running
+    (starts are placed after every resize, in priority order: one must not take a node an earlier-placed
+    start of lower priority counted on). No running
     job is restarted for them; a start always adds value, so no GPU is left idle while a job that fits
     waits (issue 23 item 7)."""
     spare = int(cand.capacity - cand.weights[chosen].sum())
@@ -365,7 +409,7 @@ def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, 
     if cand.problem.node_capacity is None or not chosen.size:
         return chosen
     start = start_map(cand.problem)
-    bad, best, _, _ = _replay(cand, chosen, True, start)
+    bad, best, _, _ = _repair(cand, chosen, start)
     seen = stats.setdefault("bad", []) if stats is not None else []
     seen.append(len(bad))
     if not bad:
@@ -379,10 +423,10 @@ def make_placeable(cand, chosen: np.ndarray, resolves: int = 0, fills: int = 0, 
             over[0] = False  # the first choice (minimum or 0 GPUs) always stays
             values[lo:hi][over] = _MASKED
         _, chosen = mckp(cand.offsets, cand.weights, values, cand.capacity)
-        bad, fixed, _, _ = _replay(cand, chosen, True, start)
+        bad, fixed, _, _ = _repair(cand, chosen, start)
         seen.append(len(bad))
         v = float(cand.values[fixed].sum())
-        if v > best_v:  # the re-solve's GPUs may go to counts that do not fit either: keep the better
+        if v > best_v and not bad.stuck:  # the re-solve's GPUs may go to counts that do not fit either: keep the better
             best, best_v = fixed, v
         if not bad:
             break

@@ -23,7 +23,8 @@ HELD_WRONG_BOUND_S = 1800.0
 
 
 def _free_after(res) -> tuple[_Placer, int]:
-    """The free map after the cycle's actions (the planner's best-fit order), and the GPUs not committed."""
+    """The free map after the cycle's actions in the order they are placed (starts released at once first, then
+    shrinks, grows, and the starts that follow them: ``Start.after``), and the GPUs not committed."""
     snap, plan = res.snapshot, res.plan
     placer = _Placer(snap.node_free, snap.node_size)
     views = {v.job_id: v for v in snap.views}
@@ -32,8 +33,12 @@ def _free_after(res) -> tuple[_Placer, int]:
         a = acts.get(v.job_id)
         if v.status == STARTING and (a is None or a.kind != "hold"):
             placer.take(*placer.shape(v, v.gpus))
-    order = sorted(plan.actions, key=lambda a: {"preempt": 0, "hold": 0, "resize": 1, "start": 2}.get(a.kind, 9)
-                   + (2 if a.kind == "resize" and not a.is_shrink else 0))
+    def rank(a) -> int:  # a start that follows the resizes is placed after them, one that does not, first
+        if a.kind == "start":
+            return 4 if a.after else 1
+        return {"preempt": 0, "hold": 0, "resize": 2}.get(a.kind, 9) + (1 if a.kind == "resize" and not a.is_shrink
+                                                                          else 0)
+    order = sorted(plan.actions, key=rank)
     for a in order:
         v = views.get(a.job_id)
         if v is None:

@@ -366,3 +366,24 @@ def test_a_cancelled_job_still_completing_is_never_planned():
     assert [j.job_id for j in snap.problem.jobs] == [3]
     assert "ending" in snap.unmanaged[1] and "ending" in snap.unmanaged[2]
     assert snap.capacity == 2  # the GPUs the cancelled job still holds are not offered
+
+
+def test_a_start_that_follows_resizes_is_released_once_they_are_placed():
+    # The planner places starts after the cycle's resizes (a start may get the GPUs a resized job
+    # leaves): the enactor releases it only once those resizes are placed, so Slurm places it there too.
+    b = Recorder()
+    e = Enactor(b, clock=lambda: 0.0)
+    res = e.apply([pl.Resize(7, 4, 8, 2, 4, D), pl.Start(9, 1, 1, 1, D, after=(7,)), pl.Start(10, 1, 1, 1, D)])
+    assert [r.status for r in res] == ["begun", "begun", "done"]  # 10 follows no resize
+    assert [c[:2] for c in b.calls] == [("signal", 7), ("update_job", 10), ("release", 10)]
+    assert e.poll() == [] and 9 in e.waiting
+    b.acked.add(7)
+    res = e.poll()
+    assert [(r.action.job_id, r.status) for r in res] == [(7, "done"), (9, "done")]
+    assert [c[:2] for c in b.calls[3:]] == [("requeue_hold", 7), ("update_job", 7), ("release", 7),
+                                            ("update_job", 9), ("release", 9)]
+    # one still waiting when the next plan comes is dropped: the new plan decides about its job
+    e.apply([pl.Resize(8, 4, 8, 2, 4, D), pl.Start(11, 1, 1, 1, D, after=(8,))])
+    assert set(e.waiting) == {11}
+    e.apply([])
+    assert not e.waiting

@@ -12,9 +12,16 @@ import pytest
 from slurm_elastic import planner as pl
 from slurm_elastic.commands.bench import random_problem
 from slurm_elastic.policies import AllocationProblem, get_policy
-from slurm_elastic.policies._candidates import make_candidates
+from slurm_elastic.policies._candidates import build_allocation, make_candidates
 from slurm_elastic.policies._mckp import mckp
-from slurm_elastic.policies._placement import _Free, make_placeable, place_check, repair, solve_placeable
+from slurm_elastic.policies._placement import (
+    _Free,
+    _start_fill,
+    make_placeable,
+    place_check,
+    repair,
+    solve_placeable,
+)
 from tests.unit.test_policies import job, spec
 
 
@@ -83,8 +90,10 @@ def test_capped_resolves_do_not_converge_where_the_repair_places_everything():
     # Full, fragmented clusters (the benchmark's instances: every node full, best fit). The knapsack on
     # the pool plans grows no node can take; re-solving with those jobs capped (the old allocator, 4
     # rounds) hands the GPUs to other counts that do not fit either. solve_placeable places everything.
+    # Since starts are placed after grows (issue 23) the pool-only answer fails far less often (3 of the
+    # first 30 instances of 40 jobs, was 5 of 16), so more instances are tried.
     old_failed = 0
-    for jobs, gpus, seeds in ((40, 96, 10), (100, 256, 6)):
+    for jobs, gpus, seeds in ((40, 96, 30), (100, 256, 6)):
         for seed in range(seeds):
             cand = get_policy("dp", admission="joint", restart_margin=1.0, tenure=False, backoff=0.0).candidates(
                 random_problem(jobs, gpus, seed, 4))
@@ -101,7 +110,7 @@ def test_capped_resolves_do_not_converge_where_the_repair_places_everything():
             new = solve_placeable(cand)
             assert place_check(cand, new) == {}, (jobs, seed)
             assert cand.weights[new].sum() <= cand.capacity
-    assert old_failed >= 3  # measured: 5 of these 16 (stability margin off: the instances it was written on)
+    assert old_failed >= 1  # measured: 1 of these 36 (5 of 16 with starts placed before grows)
 
 
 # dp with its stability margin off (the margin plans fewer grows, so fewer need the repair), and as is
@@ -112,7 +121,7 @@ OFF = {"restart_margin": 1.0, "tenure": False, "backoff": 0.0}
                                          ("dp", {}), ("pollux-dp", {})])
 def test_allocations_are_carried_out_in_full_on_fragmented_clusters(policy, opts):
     seen_repair = 0
-    for seed in range(8):
+    for seed in (*range(8), 12, 27):  # 12 and 27: joint admission's pool-only answer does not place
         problem = _fragmented(seed)
         pol = get_policy(policy, **opts)
         alloc = pol.allocate(problem)
@@ -121,8 +130,10 @@ def test_allocations_are_carried_out_in_full_on_fragmented_clusters(policy, opts
         if policy == "dp":
             cand = pol.candidates(problem)
             seen_repair += bool(place_check(cand, mckp(cand.offsets, cand.weights, cand.values, cand.capacity)[1]))
-    if policy == "dp" and opts:
-        assert seen_repair >= 2  # the instances do exercise the repair (the pool-only answer does not place)
+    if policy == "dp" and opts.get("admission") == "joint":
+        # the instances do exercise the repair (the pool-only answer does not place). With starts placed
+        # after grows, priority admission's answers placed on all of the first 30 instances.
+        assert seen_repair >= 2
 
 
 def test_resolve_and_fill_are_worth_at_least_repair_alone_and_at_most_the_pool_optimum():
@@ -208,3 +219,46 @@ def test_tiresias_allocation_is_carried_out_in_full_on_fragmented_clusters(seed)
     started = {x.job_id: x.gpus for x in p.actions if x.kind == "start"}
     wanted = {r.job_id: a.jobs[r.job_id].gpus for r in problem.jobs if not r.running_gpus and a.jobs[r.job_id].gpus}
     assert started == wanted
+
+
+def _two_nodes():
+    """n0 free; g (1 GPU) and x (3 GPUs) fill n1; s pending. Every job 1-8 GPUs."""
+    s = spec(min_gpus=1, max_gpus=8)
+    jobs = (job("g", s, running=1, batch=64, nodes=("n1",), gpus_per_node=1),
+            job("x", s, running=3, batch=192, nodes=("n1",), gpus_per_node=3), job("s", s))
+    return AllocationProblem(8, 4, jobs, node_capacity=(("n0", 4), ("n1", 4)))
+
+
+def _choice(cand, job_id, k):
+    """The flat index of ``job_id``'s most valuable choice at ``k`` GPUs."""
+    p = [cand.problem.jobs[j].job_id for j in cand.dp_jobs.tolist()].index(job_id)
+    lo, hi = int(cand.offsets[p]), int(cand.offsets[p + 1])
+    at = [i for i in range(lo, hi) if int(cand.cols[0, i]) == k]
+    return p, max(at, key=lambda i: cand.values[i])
+
+
+def test_the_replay_places_grows_before_starts_as_the_planner_does():
+    # g grows 1->4 (n0, the only node with 4 free) and s starts at 1 on the GPU g leaves on n1. Replayed
+    # start first (the old order), s took n0 and g's grow did not fit: place_check said {g: ...}.
+    cand = get_policy("dp", admission="joint").candidates(_two_nodes())
+    chosen = np.zeros(cand.dp_jobs.size, dtype=np.int64)
+    for jid, k in (("g", 4), ("x", 3), ("s", 1)):
+        p, i = _choice(cand, jid, k)
+        chosen[p] = i
+    assert place_check(cand, chosen) == {}
+    alloc = build_allocation(cand, chosen, "dp", 0.0)
+    assert _unplaced(cand.problem, alloc) == []  # and the planner carries it out in full
+
+
+def test_gpus_a_grow_leaves_go_to_a_waiting_start():
+    # The repair's leftover GPU (the one g leaves on n1) is handed on to the pending job: the start fill
+    # places it after the grow. Before, s on that GPU replayed start first took n0 and broke g's grow, so
+    # s waited ("its GPUs are worth more to other jobs") while the GPU went to no job.
+    cand = get_policy("dp", admission="joint").candidates(_two_nodes())
+    chosen = np.zeros(cand.dp_jobs.size, dtype=np.int64)
+    for jid, k in (("g", 4), ("x", 3), ("s", 0)):
+        p, i = _choice(cand, jid, k)
+        chosen[p] = i
+    ps, _ = _choice(cand, "s", 0)
+    filled = _start_fill(cand, chosen)
+    assert int(cand.cols[0, filled[ps]]) == 1 and place_check(cand, filled) == {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim_helpers import toy_spec
 
 from slurm_elastic import planner as pl
@@ -62,10 +64,11 @@ def test_in_flight_and_starting_jobs_are_left_alone_and_committed():
     assert {a.job_id: a.reason for a in p.actions}["c"] == "waiting for GPUs"
 
 
-def test_shrinks_before_starts_before_grows_and_capacity_gate():
+def test_shrinks_before_grows_before_starts_and_capacity_gate():
     jobs = [view("g", pl.RUNNING, 4), view("s", pl.RUNNING, 8), view("n", pl.PENDING)]
     p = pl.plan(alloc(g=8, s=4, n=4), jobs, {}, 1000.0, capacity=16, node_size=4)
-    assert [a.job_id for a in p.actions] == ["s", "n", "g"]
+    assert [a.job_id for a in p.actions] == ["s", "g", "n"]
+    assert p.actions[2].after == ()  # no placement gate (no node map): nothing to wait for
     assert p.committed_gpus == 16
     # Without the shrink (cooldown on s), the start fits (4+8+4=16) but the grow does not.
     books = {"s": pl.JobBook(last_change_s=900.0)}
@@ -177,3 +180,43 @@ def test_released_job_pinned_to_a_pool_it_no_longer_fits_is_held_for_the_pool_th
     to_v100 = Allocation({"a": JobAllocation("a", 2, batch=8, local_batch=4, pool="v100")})
     p = pl.plan(to_v100, jobs, books, 5.0, capacity=8, node_size=4, node_free=full_v100, pools=pools)
     assert kinds(p) == {"a": ("leave", None)}
+
+
+def test_a_grow_is_placed_before_a_start_so_the_start_takes_the_gpus_it_leaves():
+    # Issue 23 item 7. n0 is free; g (2 GPUs) and x (2 GPUs) fill n1. The policy grows g to 4 and starts s
+    # at 1: g can only go to n0 (4 on one node) and s to the 2 GPUs g leaves on n1. Placed start first, s
+    # took n0 (best fit: the only free node), g's grow found no node and 3 GPUs of n0 stayed idle.
+    on = {"g": ("n1",), "x": ("n1",)}
+    jobs = [pl.JobView("s", pl.PENDING, spec=SPEC)] + [
+        pl.JobView(j, pl.RUNNING, 2, 8, 0.0, SPEC, on[j], 2) for j in ("g", "x")]
+    p = pl.plan(alloc(s=1, g=4, x=2), jobs, {}, 1000.0, capacity=8, node_size=4, node_free={"n0": 4, "n1": 0})
+    k = kinds(p)
+    assert k["g"] == ("resize", 4) and k["s"] == ("start", 1) and k["x"] == ("leave", None)
+    assert [a.job_id for a in p.changes] == ["g", "s"]  # executed in the order placed
+    assert p.changes[1].after == ("g",)  # released once g is placed on n0
+    assert p.committed_gpus == 7
+
+
+def test_a_start_that_needs_no_gpu_of_a_resize_is_released_at_once():
+    # g grows 2->4 in place of nothing else (n1 empties, n2 was free); s starts at 2 on n0's free GPUs,
+    # which no resize touches: it need not wait for g's checkpoint.
+    jobs = [pl.JobView("s", pl.PENDING, spec=SPEC), pl.JobView("g", pl.RUNNING, 2, 8, 0.0, SPEC, ("n1",), 2)]
+    p = pl.plan(alloc(s=2, g=4), jobs, {}, 1000.0, capacity=12, node_size=4,
+                node_free={"n0": 2, "n1": 2, "n2": 4})
+    k = kinds(p)
+    assert k["g"] == ("resize", 4) and k["s"] == ("start", 2)
+    assert {a.job_id: a for a in p.actions}["s"].after == ()
+
+
+def test_a_released_job_holds_no_place_on_nodes_its_last_start_excluded():
+    # Seen on the heterogeneous simulator: a released job pinned to one type by ExcNodeList (a partition of
+    # several types) "kept its place" on a free node of another type in the planner's map, though Slurm
+    # would never start it there; a grow was planned onto the GPUs it then took, and it waited 24 minutes.
+    d = pl.Decision(gpus=4, nodes=1, batch=8, local_batch=2, seq=1)
+    start = pl.Start("w", 4, 1, 4, d, exclude_nodes=("n1",))
+    books = pl.update_books({}, [start], 0.0)
+    assert books["w"].excluded == ("n1",)
+    jobs = [pl.JobView("w", pl.STARTING, 4, 8, 0.0, SPEC)]
+    p = pl.plan(alloc(w=4), jobs, books, 200.0, capacity=8, node_size=4, node_free={"n0": 2, "n1": 4})
+    assert kinds(p)["w"] == ("hold", 4)  # not placeable where it may start, and past start_timeout_s
+    assert pl.update_books(books, [replace(start, exclude_nodes=())], 300.0)["w"].excluded == ()
