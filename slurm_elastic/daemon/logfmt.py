@@ -52,3 +52,14 @@ def setup_logging(level: str) -> None:
 
 def event(level: int, msg: str, **kv) -> None:
     log.log(level, msg, extra={"kv": kv})
+
+
+def note_problem(problems: dict, job_id: int, text: str | None, msg: str) -> None:
+    """Keep ``job_id``'s current problem with one of its files in ``problems`` (None/"": none), and log it
+    once when it changes, not every cycle it persists."""
+    if text and problems.get(job_id) != text:
+        event(logging.WARNING, msg, job=job_id, error=text)
+    if text:
+        problems[job_id] = text
+    else:
+        problems.pop(job_id, None)

@@ -6,12 +6,11 @@ The one place where a job's own reports (``throughput.json``) enter the daemon: 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord
 from slurm_elastic.claims import ClaimBook, Evidence
-from slurm_elastic.daemon.logfmt import event
+from slurm_elastic.daemon.logfmt import note_problem
 from slurm_elastic.daemon.oom import OomBook
 from slurm_elastic.daemon.reports import ReportError, RunEvidence, validate_report, verify_points
 from slurm_elastic.daemon.userfiles import UserFileError
@@ -119,12 +118,7 @@ class ModelRegistry:
         return JobInfo(attained_gpu_s=self.evidence.gpu_seconds(job.job_id), remaining_samples=t.remaining_samples)
 
     def _problem(self, job_id: int, text: str | None) -> None:
-        if text and self.problems.get(job_id) != text:
-            event(logging.WARNING, "throughput report not used", job=job_id, error=text)
-        if text:
-            self.problems[job_id] = text
-        else:
-            self.problems.pop(job_id, None)
+        note_problem(self.problems, job_id, text, "throughput report not used")
 
     def note_signal(self, job_id: int, restart_count: int | None, when: float) -> None:
         if restart_count is not None:

@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass, field
 
 from slurm_elastic.backends.base import JobRecord
-from slurm_elastic.daemon.logfmt import event
+from slurm_elastic.daemon.logfmt import event, note_problem
 from slurm_elastic.daemon.userfiles import UserFileError
 from slurm_elastic.daemon.userfiles import read_json as read_user_json
 from slurm_elastic.problem import capped_spec
@@ -120,12 +120,7 @@ class OomBook:
         return ""
 
     def _problem(self, job_id: int, text: str) -> None:
-        if text and self.problems.get(job_id) != text:
-            event(logging.WARNING, "out-of-memory report not used", job=job_id, error=text)
-        if text:
-            self.problems[job_id] = text
-        else:
-            self.problems.pop(job_id, None)
+        note_problem(self.problems, job_id, text, "out-of-memory report not used")
 
     def of(self, job_id: int) -> tuple[tuple[str, int], ...]:
         """The job's learned limits as ``(gpu type, max local batch)``, for problem.JobInfo."""
