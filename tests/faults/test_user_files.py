@@ -49,6 +49,24 @@ def users():
         yield found
 
 
+def capture_log():
+    """The daemon's log lines (logfmt, INFO and up) into a buffer, as an operator reads them; returns the
+    buffer and the function that undoes it."""
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(LogfmtFormatter())
+    logger = logging.getLogger("slurm_elastic")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+
+    def restore():
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+    return buf, restore
+
+
 def rss_kib() -> dict[str, int]:
     out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -117,13 +135,7 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
     rootonly.write_text(json.dumps({"points": [{"gpus": k, "batch": 64, "samples_per_s": 1e5 * k} for k in (1, 2, 4, 8)]}))
     os.chmod(rootonly, 0o600)
     state = tmp_path / "state"
-    logbuf = io.StringIO()
-    handler = logging.StreamHandler(logbuf)
-    handler.setFormatter(LogfmtFormatter())
-    logger = logging.getLogger("slurm_elastic")
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
+    logbuf, restore_log = capture_log()
     ids: list[int] = []
     d = d2 = None
 
@@ -265,8 +277,7 @@ def test_hostile_user_files_paths_and_names(lua_cluster, users, tmp_path, reliab
         for x in (d, d2):
             if x is not None:
                 x.close()
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
+        restore_log()
         scancel(c, ids)
         shutil.rmtree(base, ignore_errors=True)
     assert lost == 0 and left_held == 0 and bad_spec_held == 3
@@ -347,13 +358,7 @@ def test_hostile_out_of_memory_reports(lua_cluster, users, tmp_path, reliability
     acking = base / "acking.sh"
     acking.write_text(ACKING)
     acking.chmod(0o755)
-    logbuf = io.StringIO()
-    handler = logging.StreamHandler(logbuf)
-    handler.setFormatter(LogfmtFormatter())
-    logger = logging.getLogger("slurm_elastic")
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
+    logbuf, restore_log = capture_log()
     ids: list[int] = []
     dirs: dict[int, Path] = {}
     d = None
@@ -470,8 +475,7 @@ def test_hostile_out_of_memory_reports(lua_cluster, users, tmp_path, reliability
     finally:
         if d is not None:
             d.close()
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
+        restore_log()
         scancel(c, ids)
         shutil.rmtree(base, ignore_errors=True)
     assert lost == 0 and left_held == 0
