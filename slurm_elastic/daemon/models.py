@@ -93,13 +93,13 @@ class ModelRegistry:
         out = {t: list(d.values()) for t, d in book.items() if d}
         if len(out) > 1:
             for (a, b), r in measured_pairs(out).items():
-                self.ratios.observe(job.job_id, a, b, r, family=family)
+                self.ratios.observe(job.job_id, a, b, r, family=family, user=job.user or "")
         return out
 
     def model_for_type(self, job: JobRecord, spec: ElasticSpec, model: ThroughputModel, gpu_type: str,
                        home: str = "") -> ThroughputModel | None:
         """The job's model on ``gpu_type`` (profiles.types.model_on_type) with this cluster's type ratios."""
-        return model_on_type(model, gpu_type, home, self.ratios, family=spec.profile or "")
+        return model_on_type(model, gpu_type, home, self.ratios, family=spec.profile or "", user=job.user or "")
 
     def _trusted(self, job: JobRecord, spec: ElasticSpec, report: dict | None, obs: list[Observation]) -> JobInfo:
         """What the policy ranks the job by: the GPU-seconds Slurm has shown it running (attained service,
@@ -221,7 +221,7 @@ class ModelRegistry:
             src = max(typed, key=lambda t: len(typed[t])) if here and not obs and typed else ""
             if src:  # nothing reported here yet: its reports on ``src``, scaled by the type ratio
                 base = learn(prior, kind, typed[src], min_gpus=spec.min_gpus, facts=facts, name=f"job{job.job_id}")
-                r = self.ratios.ratio(src, here, spec.profile or "") or (1.0, "unscaled")
+                r = self.ratios.ratio(src, here, spec.profile or "", job.user or "") or (1.0, "unscaled")
                 model = LearnedModel(OnType(base, r[0], here, r[1]), provenance=f"{r[1]} from its {src} reports",
                                      uncertainty=base.uncertainty + 0.2, facts=facts, name=f"job{job.job_id}",
                                      max_gpus=max(running, spec.min_gpus) if running else None)

@@ -43,6 +43,7 @@ ALIASES: Mapping[str, str] = {"aws": "t4", "rtx": "2080ti", "rtx2080ti": "2080ti
                               "dgx": "v100", "dgx-ext": "a100"}
 ANCHOR = "t4"
 PRIOR_WEIGHT = 2.0  # the prior ratio counts as this many jobs against the cluster's own ratios
+USER_RATIO_SPAN = 8.0  # another user's mean type ratio counts within this factor of the prior (TypeRatios)
 
 
 def canonical(gpu_type: str) -> str:
@@ -89,18 +90,25 @@ class TypeRatios:
     mean over jobs, shrunk toward the prior (:data:`TYPE_SPEED`) with weight :data:`PRIOR_WEIGHT`. A job's
     ``family`` (its profile or model name; "" none) keys a second level: the ratio over jobs of the same
     family, shrunk toward the cluster's ratio with the same weight (the spread between models is wide:
-    an A100 is 0.94x to 4.07x a T4 in Sia's tables)."""
+    an A100 is 0.94x to 4.07x a T4 in Sia's tables). A job's ratio is what it ran at, which its user
+    controls (a job can run slowly on one type on purpose), and it informs other users' placement: so
+    where only the asking user's jobs saw the pair, theirs is the figure; else every other user is one
+    vote, its mean within :data:`USER_RATIO_SPAN` of the prior, in a median with the asking user's own
+    mean and (fewer than three votes) the prior: a user's many jobs, or one user in three, cannot move
+    what another user's jobs are told, and one other user at most half-way."""
 
     def __init__(self, speeds: Mapping[str, float] | None = None):
         self._by_job: dict[object, dict[tuple[str, str], float]] = {}
         self._family: dict[object, str] = {}
         self._weight: dict[object, float] = {}
+        self._user: dict[object, str] = {}
         # the prior: the built-in measured table, with what the site measured (daemon ``gpu_speed``) over it
         self.set_speeds(speeds or {})
 
-    def observe(self, job_id, a: str, b: str, ratio: float, family: str = "", weight: float = 1.0) -> None:
+    def observe(self, job_id, a: str, b: str, ratio: float, family: str = "", weight: float = 1.0,
+                user: str = "") -> None:
         """``weight``: how many jobs' reports the observation counts as (a profile of several batches
-        on every type: more than one)."""
+        on every type: more than one); ``user``: who ran the job (one vote per user)."""
         a, b = canonical(a), canonical(b)
         if a == b or not (math.isfinite(ratio) and ratio > 0):
             return
@@ -112,6 +120,8 @@ class TypeRatios:
             self._family[job_id] = family
         if weight != 1.0:
             self._weight[job_id] = float(weight)
+        if user:
+            self._user[job_id] = user
 
     def set_speeds(self, speeds: Mapping[str, float]) -> None:
         """The prior again: the built-in table with ``speeds`` over it (a reloaded site table)."""
@@ -123,28 +133,47 @@ class TypeRatios:
             self._by_job = dict(list(self._by_job.items())[-n:])
             self._family = {j: f for j, f in self._family.items() if j in self._by_job}
             self._weight = {j: w for j, w in self._weight.items() if j in self._by_job}
+            self._user = {j: u for j, u in self._user.items() if j in self._by_job}
 
-    def _logs(self, a: str, b: str, family: str | None) -> tuple[float, float, int]:
-        """(weighted sum of log ratios, total weight, jobs) over the jobs (of ``family``) that saw the pair."""
-        s = w = 0.0
-        n = 0
+    def _logs(self, a: str, b: str, family: str | None, prior: float | None,
+              user: str) -> tuple[float, float, int]:
+        """(weighted sum of log ratios, total weight, jobs) over the jobs (of ``family``) that saw the pair,
+        as ``user``'s jobs are told: only ``user``'s jobs, the plain sums; with other users', the sum is the
+        median of the votes (above) times the total weight."""
+        per_user: dict[str, list] = {}
         for j, d in self._by_job.items():
             if family is not None and self._family.get(j) != family:
                 continue
             x = math.log(d[(a, b)]) if (a, b) in d else -math.log(d[(b, a)]) if (b, a) in d else None
             if x is not None:
                 wj = self._weight.get(j, 1.0)
-                s, w, n = s + wj * x, w + wj, n + 1
-        return s, w, n
+                u = per_user.setdefault(self._user.get(j, ""), [0.0, 0.0, 0])
+                u[0], u[1], u[2] = u[0] + wj * x, u[1] + wj, u[2] + 1
+        own = per_user.get(user)
+        if len(per_user) - (own is not None) == 0:
+            return tuple(own) if own else (0.0, 0.0, 0)
+        span = math.log(USER_RATIO_SPAN)
+        votes = [s / w if prior is None else min(prior + span, max(prior - span, s / w))
+                 for u, (s, w, _) in per_user.items() if u != user]
+        if own is not None:
+            votes.append(own[0] / own[1])
+        if len(votes) < 3 and prior is not None:
+            votes.append(prior)
+        votes.sort()
+        k = len(votes)
+        median = votes[k // 2] if k % 2 else (votes[k // 2 - 1] + votes[k // 2]) / 2
+        w = sum(u[1] for u in per_user.values())
+        return median * w, w, sum(u[2] for u in per_user.values())
 
-    def ratio(self, a: str, b: str, family: str = "") -> tuple[float, str] | None:
-        """(speed on ``b`` / speed on ``a``, provenance), or None when nothing is known of the pair."""
+    def ratio(self, a: str, b: str, family: str = "", user: str = "") -> tuple[float, str] | None:
+        """(speed on ``b`` / speed on ``a``, provenance) as ``user``'s jobs are told, or None when nothing
+        is known of the pair."""
         a, b = canonical(a or ANCHOR), canonical(b)
         if a == b:
             return 1.0, "measured"
-        s, wt, n = self._logs(a, b, None)
         sa, sb = self.speeds.get(a), self.speeds.get(b)
         prior = math.log(sb / sa) if sa and sb else None
+        s, wt, n = self._logs(a, b, None, prior, user)
         if n:
             w = PRIOR_WEIGHT if prior is not None else 0.0
             v = (s + w * (prior or 0.0)) / (wt + w)
@@ -154,7 +183,7 @@ class TypeRatios:
         else:
             return None
         if family:
-            s, wt, n = self._logs(a, b, family)
+            s, wt, n = self._logs(a, b, family, v if prior is None else prior, user)
             if n:
                 v = (s + PRIOR_WEIGHT * v) / (wt + PRIOR_WEIGHT)
                 why = f"type ratio from {n} {family} job{'s' if n != 1 else ''} ({why})"
@@ -193,10 +222,10 @@ def measured_on(model: ThroughputModel) -> str:
 
 
 def model_on_type(model: ThroughputModel, gpu_type: str, home: str = "",
-                  ratios: TypeRatios | None = None, family: str = "") -> ThroughputModel | None:
+                  ratios: TypeRatios | None = None, family: str = "", user: str = "") -> ThroughputModel | None:
     """The job's model on ``gpu_type`` (module docstring); ``home``: the type its numbers come from ("" =
-    unknown: the anchor); ``family``: its kind for the learned ratios (TypeRatios). None when nothing is
-    known of ``gpu_type``."""
+    unknown: the anchor); ``family``: its kind for the learned ratios (TypeRatios); ``user``: whose job it
+    is (another user's reports are one vote). None when nothing is known of ``gpu_type``."""
     t = (gpu_type or "").lower()
     if not t:
         return None
@@ -213,7 +242,7 @@ def model_on_type(model: ThroughputModel, gpu_type: str, home: str = "",
     home = (home or measured_on(model)).lower()
     if canonical(home) == canonical(t):
         return model
-    r = (ratios or TypeRatios()).ratio(home, t, family)
+    r = (ratios or TypeRatios()).ratio(home, t, family, user)
     if r is None:
         return None
     return OnType(model, r[0], t, r[1])

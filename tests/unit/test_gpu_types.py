@@ -211,6 +211,34 @@ def test_type_ratios_by_family_by_weight_and_under_other_names():
     assert r.ratio("a100", "t4", "bert")[0] == pytest.approx(1 / r.ratio("t4", "a100", "bert")[0])
 
 
+def test_one_user_cannot_move_the_type_ratio_other_users_jobs_are_told():
+    """A user who runs slowly on A100s on purpose (50 jobs, ratio 0.01, under a family other users run)
+    is one vote: among three users the median is an honest one's; alone besides the asker, half-way to
+    the prior at most, never beyond USER_RATIO_SPAN of it. One user alone (the simulator's case) gets the
+    plain weighted mean, as before."""
+    from slurm_elastic.profiles.types import USER_RATIO_SPAN
+
+    prior = TYPE_SPEED["a100"] / TYPE_SPEED["t4"]
+    r = TypeRatios()
+    r.observe(1, "t4", "a100", 3.0, family="bert", user="alice")
+    r.observe(2, "t4", "a100", 3.2, family="bert", user="bob")
+    for j in range(10, 60):
+        r.observe(j, "t4", "a100", 0.01, family="bert", user="mallory")
+    for asker in ("alice", "bob", "carol"):
+        assert 2.9 <= r.ratio("t4", "a100", user=asker)[0] <= 3.2  # an honest user's, a little toward the prior
+        assert r.ratio("t4", "a100", "bert", user=asker)[0] >= 2.9  # the family level too
+    assert r.ratio("t4", "a100", "bert", user="mallory")[0] >= 2.9  # its own mean is one vote for its jobs too
+    only = TypeRatios()  # mallory's jobs only: what alice's bert job is told
+    for j in range(10, 60):
+        only.observe(j, "t4", "a100", 0.01, family="bert", user="mallory")
+    told = only.ratio("t4", "a100", "bert", user="alice")[0]
+    assert told >= math.sqrt(prior * prior / USER_RATIO_SPAN) * 0.99  # half-way (in logs) to the clipped claim
+    alone = TypeRatios()
+    alone.observe(1, "t4", "a100", 3.0)
+    alone.observe(2, "t4", "a100", 1.0)
+    assert alone.ratio("t4", "a100")[0] == pytest.approx(math.exp((math.log(3.0) + 2 * math.log(prior)) / 4))
+
+
 def test_a_job_squeezed_on_the_fast_type_moves_to_more_gpus_of_a_slower_one():
     """A job held at 1 A100 (a rigid job has the other 3) while 8 T4s are free: 4 T4s run it faster than
     its one A100 by its models (x1.65 by the prior), so it moves; never to fewer, slower GPUs."""
