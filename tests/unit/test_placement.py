@@ -237,14 +237,20 @@ def _choice(cand, job_id, k):
     return p, max(at, key=lambda i: cand.values[i])
 
 
+def _chosen(cand, **gpus):
+    """The choice array that gives each named job its best choice at the given GPU count (others 0)."""
+    chosen = np.zeros(cand.dp_jobs.size, dtype=np.int64)
+    for jid, k in gpus.items():
+        p, i = _choice(cand, jid, k)
+        chosen[p] = i
+    return chosen
+
+
 def test_the_replay_places_grows_before_starts_as_the_planner_does():
     # g grows 1->4 (n0, the only node with 4 free) and s starts at 1 on the GPU g leaves on n1. Replayed
     # start first (the old order), s took n0 and g's grow did not fit: place_check said {g: ...}.
     cand = get_policy("dp", admission="joint").candidates(_two_nodes())
-    chosen = np.zeros(cand.dp_jobs.size, dtype=np.int64)
-    for jid, k in (("g", 4), ("x", 3), ("s", 1)):
-        p, i = _choice(cand, jid, k)
-        chosen[p] = i
+    chosen = _chosen(cand, g=4, x=3, s=1)
     assert place_check(cand, chosen) == {}
     alloc = build_allocation(cand, chosen, "dp", 0.0)
     assert _unplaced(cand.problem, alloc) == []  # and the planner carries it out in full
@@ -255,10 +261,7 @@ def test_gpus_a_grow_leaves_go_to_a_waiting_start():
     # places it after the grow. Before, s on that GPU replayed start first took n0 and broke g's grow, so
     # s waited ("its GPUs are worth more to other jobs") while the GPU went to no job.
     cand = get_policy("dp", admission="joint").candidates(_two_nodes())
-    chosen = np.zeros(cand.dp_jobs.size, dtype=np.int64)
-    for jid, k in (("g", 4), ("x", 3), ("s", 0)):
-        p, i = _choice(cand, jid, k)
-        chosen[p] = i
+    chosen = _chosen(cand, g=4, x=3, s=0)
     ps, _ = _choice(cand, "s", 0)
     filled = _start_fill(cand, chosen)
     assert int(cand.cols[0, filled[ps]]) == 1 and place_check(cand, filled) == {}
