@@ -35,7 +35,9 @@ running jobs at their current size, plus in-flight jobs at their target. Shrinks
 with the reason "waiting for GPUs". A policy whose allocation fits the capacity never hits the gate;
 it matters when cooldowns or the in-flight limit defer a shrink that the policy counted on.
 
-Placement order (issue 23 item 7): shrinks, then grows, then starts. A resize moves a job (it is requeued
+Placement order (issue 23 item 7): shrinks, then grows, then starts, the largest start first (best fit
+decreasing: a 1-GPU start placed ahead of a 3-GPU one could take the node the 3 needed, and the GPU
+left after them went to no job). A resize moves a job (it is requeued
 and placed again), so the GPUs it leaves behind, and the ones a grow that cannot be placed does not take,
 are free only after the resizes; starts placed before the grows could not use them (a 1-GPU start on a
 whole free node broke a 3-node grow, so it waited while the GPU the grow left went to no job). Each start
@@ -458,7 +460,7 @@ def plan(
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
                                    **_pin(a, v, pool_by))
     resized = tuple(a.job_id for a in actions.values() if a.kind == "resize") if placer is not None else ()
-    for p in admitted:
+    for p in sorted(admitted, key=lambda p: -p.alloc.gpus):  # largest first: a 1-GPU start takes no node a larger one needs
         v, a = p.view, p.alloc
         k, why = a.gpus, a.reason or "policy: start"
         if placer is not None:

@@ -190,6 +190,7 @@ def _replay(cand, chosen: np.ndarray, fix: bool, start: _Free | None = None):
                 chosen[p] = i
         where[p] = (got, g)
     stuck = []
+    starts.sort(key=lambda p: -int(counts[p]))  # the planner's order: largest first, then priority
     for p in starts:
         r = jobs[int(cand.dp_jobs[p])]
         n, g = _shape(r.spec, int(counts[p]), ns)
