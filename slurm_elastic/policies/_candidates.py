@@ -431,8 +431,8 @@ def thrash_share(req, problem, margin: float, tenure: bool, backoff: float, cap:
     return min(cap, max(0.0, m * restart_s(req) / held))
 
 
-def _rescale_factor(req, problem, cur_value: float | None, margin: float = 8.0, tenure: bool = True,
-                    backoff: float = 0.15, cap: float = 0.5) -> float:
+def _rescale_factor(req, problem, cur_value: float | None, margin: float = 4.0, tenure: bool = True,
+                    backoff: float = 0.0, cap: float = 0.5) -> float:
     """The share of a new size's value a rescale keeps: ``(1 - restart_s / life) x (1 - thrash)``.
 
     The first factor is the progress rule: a rescale from rate c to n pays when the job, restarted, ends

@@ -49,7 +49,11 @@ class DPPolicy(Policy):
     (1 + backoff x rescales) x restart_s / held`` (``held``: how long it has held its size, with
     ``tenure``), at most ``thrash_cap``: a job just resized or resized often needs a larger gain, but a
     gain above ``1 / (1 - thrash_cap)`` always pays, for any restart cost
-    (:func:`~slurm_elastic.policies._candidates._rescale_factor`). ``realloc="share"``: the charge before
+    (:func:`~slurm_elastic.policies._candidates._rescale_factor`). Defaults ``restart_margin=4``,
+    ``backoff=0`` (were 8 and 0.15: the back-off counted every rescale, those forced on a long job by
+    short ones too, so an imagenet job shrunk 47 times for arrivals needed twice its speed to grow onto
+    idle GPUs for 9 h; measured over restart costs of 10 s to 10 minutes, one type and Sia's cluster,
+    docs/EVALUATION.md). ``realloc="share"``: the charge before
     issue 23 (``restart_margin x (1 + backoff x rescales) x restart_s / min(horizon, remaining, held)``,
     which no gain could pay once a restart cost 450 s). ``round_trip``: a grow also pays the restart
     back to its minimum (off). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
@@ -68,8 +72,8 @@ class DPPolicy(Policy):
                   "throughput": ("speedup", False)}
 
     def __init__(self, admission: str = "joint", starvation_s: float = 3600.0, objective: str = "completion",
-                 placement: bool = True, restart_margin: float = 8.0, tenure: bool | str = True,
-                 backoff: float = 0.15, round_trip: bool | str = False, unranked: str = "pnorm",
+                 placement: bool = True, restart_margin: float = 4.0, tenure: bool | str = True,
+                 backoff: float = 0.0, round_trip: bool | str = False, unranked: str = "pnorm",
                  realloc: str = "life", thrash_cap: float = 0.5, rank_cap: float = float("inf"),
                  fills: int = 0, age_credit: float = 4.0, credit_cap: float = 0.97,
                  infer: bool | str = True):
