@@ -121,6 +121,8 @@ class Daemon:
         self.enactor = Enactor(self.backend, self.ack, clock=self.clock, ack_timeout_s=self.config.ack_timeout_s,
                                signal=self.config.signal, journal=None if self.dry_run else self.journal)
         self.state.books = self.db.load_books()
+        # jobs whose ExcNodeList the daemon set: cleared at their next start or resize (enact._exclude_reserved)
+        self.enactor.excluded.update(j for j, b in self.state.books.items() if b.excluded)
         self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
         self.models.claims = ClaimBook.from_json(self.db.get_meta("claims", {}))
         self.models.oom = OomBook.from_json(self.db.get_meta("oom_limits", {}))

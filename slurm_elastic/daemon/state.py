@@ -61,7 +61,8 @@ CREATE TABLE IF NOT EXISTS books (
     last_change REAL,
     rescales INTEGER NOT NULL,
     seq INTEGER NOT NULL,
-    submitted REAL
+    submitted REAL,
+    excluded TEXT
 );
 CREATE TABLE IF NOT EXISTS jobs (
     job_id INTEGER PRIMARY KEY,
@@ -103,7 +104,9 @@ CREATE TABLE IF NOT EXISTS placed (
 
 JOB_VIEW_ADDED = (("model", "TEXT"), ("model_uncertainty", "REAL"), ("noise_scale", "REAL"), ("restart_s", "REAL"),
                   ("name", "TEXT"), ("user", "TEXT"), ("partition", "TEXT"))
-BOOKS_ADDED = (("submitted", "REAL"),)
+BOOKS_ADDED = (("submitted", "REAL"), ("excluded", "TEXT"))
+MAX_EXCLUDED = 4096  # node names kept per job's ExcNodeList (the daemon writes them; bounded all the same)
+UNKNOWN_EXCLUDED = ("?",)  # an unreadable stored list: the job has one, to be cleared at its next start
 
 
 class LockHeld(RuntimeError):
@@ -173,6 +176,21 @@ def action_from_json(text: str) -> pl.Action:
         if isinstance(d.get(k), list):
             d[k] = tuple(d[k])
     return cls(**d)
+
+
+def _excluded(text) -> tuple[str, ...]:
+    """A job's stored ExcNodeList (the nodes its last start or resize excluded): kept across daemon restarts,
+    so that the list is still cleared at the job's next start (a job left excluded from the nodes it is
+    placed on would wait, released, for a place Slurm will not give it). Unreadable: ``UNKNOWN_EXCLUDED``."""
+    if text is None:
+        return ()
+    try:
+        names = json.loads(text)
+    except (TypeError, ValueError):
+        return UNKNOWN_EXCLUDED
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(names) > MAX_EXCLUDED:
+        return UNKNOWN_EXCLUDED
+    return tuple(names)
 
 
 class StateDB:
@@ -265,7 +283,7 @@ class StateDB:
     def load_books(self) -> dict[int, pl.JobBook]:
         rows = self.conn.execute("SELECT * FROM books").fetchall()
         return {r["job_id"]: pl.JobBook(last_change_s=r["last_change"], rescales=r["rescales"], seq=r["seq"],
-                                        submitted_s=r["submitted"])
+                                        submitted_s=r["submitted"], excluded=_excluded(r["excluded"]))
                 for r in rows}
 
     def save_books(self, books: dict) -> None:
@@ -273,10 +291,12 @@ class StateDB:
             self.conn.execute("BEGIN")
             for job_id, b in books.items():
                 self.conn.execute(
-                    "INSERT INTO books(job_id, last_change, rescales, seq, submitted) VALUES (?, ?, ?, ?, ?) "
+                    "INSERT INTO books(job_id, last_change, rescales, seq, submitted, excluded) VALUES (?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(job_id) DO UPDATE SET last_change=excluded.last_change, "
-                    "rescales=excluded.rescales, seq=excluded.seq, submitted=excluded.submitted",
-                    (int(job_id), b.last_change_s, b.rescales, b.seq, b.submitted_s),
+                    "rescales=excluded.rescales, seq=excluded.seq, submitted=excluded.submitted, "
+                    "excluded=excluded.excluded",
+                    (int(job_id), b.last_change_s, b.rescales, b.seq, b.submitted_s,
+                     json.dumps(list(b.excluded)) if b.excluded else None),
                 )
 
     def forget_jobs(self, active_ids: set[int], final_states: dict[int, str] | None = None) -> None:

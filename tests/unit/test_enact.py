@@ -218,6 +218,56 @@ def test_starts_and_resizes_exclude_nodes_kept_for_a_rigid_job_and_clear_it_afte
     assert [a.exclude_nodes for a in out.actions] == [(), None] and e.excluded == {2}
 
 
+def test_a_daemon_restart_keeps_whom_it_excluded_and_still_clears_the_list_at_the_next_start(tmp_path):
+    """A job pinned away from nodes (ExcNodeList) before the daemon restarted gets its list cleared at its
+    next start: the books keep it. Before, the new daemon forgot it and the stale list kept Slurm from
+    placing the job where the planner placed it. An unreadable stored list still counts as one."""
+    import sqlite3
+
+    from slurm_elastic.daemon.state import UNKNOWN_EXCLUDED, StateDB
+    from slurm_elastic.enact import _exclude_reserved
+
+    d = Decision(gpus=3, nodes=1, batch=48, local_batch=16, accum=1, seq=1)
+    pinned = pl.Start(2, 3, 1, 3, d, exclude_nodes=("a1", "a2"))
+    books = pl.update_books({}, [pinned, pl.Start(4, 3, 1, 3, d)], 100.0)
+    assert books[2].excluded == ("a1", "a2") and books[4].excluded == ()
+    db = StateDB(tmp_path)
+    db.save_books(books)
+    db.conn.execute("INSERT INTO books(job_id, rescales, seq, excluded) VALUES (9, 0, 0, '{\"not\": 1}')")
+    db.close()
+    loaded = StateDB(tmp_path).load_books()
+    assert loaded[2].excluded == ("a1", "a2") and loaded[4].excluded == () and loaded[9].excluded == UNKNOWN_EXCLUDED
+    con = sqlite3.connect(tmp_path / "state.sqlite3")
+    assert con.execute("SELECT excluded FROM books WHERE job_id = 4").fetchone()[0] is None
+    con.close()
+
+    class E:  # what Daemon.open restores into its Enactor
+        excluded = {j for j, b in loaded.items() if b.excluded}
+
+    again = (pl.Start(2, 3, 1, 3, d), pl.Start(4, 3, 1, 3, d), pl.Resize(9, 3, 4, 1, 4, d))
+    out = _exclude_reserved(pl.Plan(actions=again, committed_gpus=0, deferred=0), {}, E)
+    assert [a.exclude_nodes for a in out.actions] == [(), None, ()] and E.excluded == set()
+
+
+def test_daemon_open_restores_the_excluded_jobs_from_its_books(tmp_path):
+    from slurm_elastic.backends.simulated import SimulatedSlurm
+    from slurm_elastic.daemon.config import config_from_dict
+    from slurm_elastic.daemon.loop import Daemon
+    from slurm_elastic.daemon.state import StateDB
+
+    db = StateDB(tmp_path / "state")
+    db.save_books({5: pl.JobBook(last_change_s=1.0, excluded=("n1",)), 6: pl.JobBook(last_change_s=1.0)})
+    db.close()
+    sim = SimulatedSlurm(groups=[(1, 4, "gpu", "t4")])
+    cfg = config_from_dict({"state_dir": str(tmp_path / "state"), "metrics_address": ""})
+    dm = Daemon(cfg, backend=sim, ack=sim, clock=lambda: sim.now)
+    dm.open()
+    try:
+        assert dm.enactor.excluded == {5}
+    finally:
+        dm.close()
+
+
 def test_freeze_tells_the_policy_how_long_each_running_job_has_held_its_size():
     from slurm_elastic import planner as pl
     from slurm_elastic.enact import _freeze
