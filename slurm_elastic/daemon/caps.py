@@ -34,6 +34,12 @@ class CappedPolicy(Policy):
         # it and is shrunk like a job over its cap.
         self.limit: dict = {}
 
+    def learned(self) -> dict:
+        return self.inner.learned()
+
+    def restore(self, learned: dict) -> None:
+        self.inner.restore(learned)
+
     def allocate(self, problem: AllocationProblem) -> Allocation:
         self.excluded = {}
         jobs = []

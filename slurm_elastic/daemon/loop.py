@@ -42,7 +42,7 @@ from slurm_elastic.daemon.config import ConfigError, DaemonConfig, check_managed
 from slurm_elastic.daemon.journal import DBJournal, reconcile
 from slurm_elastic.daemon.logfmt import event, log, setup_logging
 from slurm_elastic.daemon.metrics import Metrics, MetricsServer
-from slurm_elastic.daemon.models import ModelRegistry
+from slurm_elastic.daemon.models import MAX_RATIO_JOBS, ModelRegistry
 from slurm_elastic.daemon.oom import OomBook
 from slurm_elastic.daemon.reports import RunEvidence
 from slurm_elastic.daemon.siterules import SiteRules
@@ -71,6 +71,7 @@ class Daemon:
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
         self.models = ModelRegistry()
+        self._learned_saved = None  # what the policy and the type ratios had learned when last saved
         self.models.ratios.speeds.update(config.gpu_speed)  # the site's measured GPU speeds (issue 23)
         self.rules = SiteRules(config.max_weight, config.state_dir)
         self.watchdog = Watchdog(config.watchdog_s)
@@ -126,6 +127,12 @@ class Daemon:
         self.models.evidence = RunEvidence.from_json(self.db.get_meta("run_evidence", {}))
         self.models.claims = ClaimBook.from_json(self.db.get_meta("claims", {}))
         self.models.oom = OomBook.from_json(self.db.get_meta("oom_limits", {}))
+        # what the policy and the type ratios learned from jobs that ended (a restart used to forget it)
+        learned = self.db.get_meta("policy_learned", {})
+        if isinstance(learned, dict) and learned.get("policy") == self.config.policy:
+            self.policy.restore(learned.get("state", {}))
+        self.models.ratios.load_json(self.db.get_meta("type_ratios", []), MAX_RATIO_JOBS)
+        self._learned_saved = None
         self._saved_specs = self.db.get_meta("valid_specs", {})
         self.state.spec_cache.last_valid.update(_restore_specs(self._saved_specs))
         self._was_elastic = set(self.db.job_views())
@@ -216,8 +223,10 @@ class Daemon:
         except Exception as e:
             event(logging.ERROR, "reload failed; keeping the old configuration", error=str(e))
             return
+        learned = self.policy.learned() if cfg.policy == self.config.policy else {}
         self.config = cfg
         self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user)
+        self.policy.restore(learned)  # the same policy reloaded keeps what it learned
         self.rules = SiteRules(cfg.max_weight, cfg.state_dir)
         self.models.ratios.set_speeds(cfg.gpu_speed)
         self.watchdog.limit_s = cfg.watchdog_s
@@ -539,6 +548,12 @@ class Daemon:
         if self.models.oom.changed:
             self.db.set_meta("oom_limits", self.models.oom.to_json())
             self.models.oom.changed = False
+        learned = {"policy": self.config.policy, "state": self.policy.learned()}
+        ratios = self.models.ratios.to_json()
+        if (learned, ratios) != self._learned_saved:
+            self.db.set_meta("policy_learned", learned)
+            self.db.set_meta("type_ratios", ratios)
+            self._learned_saved = (learned, ratios)
         # The last valid spec of each job holding GPUs (what it falls back to if its Comment turns invalid)
         held = {str(v.job_id): snap.specs[v.job_id].to_comment() for v in snap.views
                 if v.gpus and v.job_id in snap.specs and v.job_id not in snap.degraded}

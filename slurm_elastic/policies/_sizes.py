@@ -13,8 +13,10 @@ model, so a job learns only from its own user's ended jobs of the model it names
 short model finds nothing); a job that outlives every ended job of its key has no estimate (the caller
 falls back to least attained service: as long again as it has run), so a user who seeds the history
 with short jobs of a model, paying for them, gains a long job at most the largest size those ended at;
-and only jobs the scheduler saw running and then saw gone are counted. The history is in memory: it starts empty when
-the daemon starts (the estimate is then unknown, as before) and keeps the last ``keep`` sizes per model.
+and only jobs the scheduler saw running and then saw gone are counted. The history keeps the last ``keep`` sizes per
+model, at most ``MAX_KEYS`` (user, model) keys (the oldest go first: model names are the users'), and survives a
+daemon restart (:meth:`to_json`, kept by the daemon with the policy's other learned state): jobs that ended while
+the daemon was down are counted at what they had when it last saw them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections import OrderedDict
 import numpy as np
 
 ALL = ""  # the model key of every model's ended jobs together, per user (no model is named "")
+MAX_KEYS = 10000  # (user, model) keys kept
+MAX_SEEN = 100000  # live jobs remembered from one call to the next
 
 
 class SizeHistory:
@@ -54,12 +58,45 @@ class SizeHistory:
         for jid, (key0, gpu_s) in self._seen.items():
             if jid not in now:
                 for key in (key0, (key0[0], ALL)):
-                    q = self._ended.setdefault(key, OrderedDict())
+                    q = self._ended.pop(key, None) or OrderedDict()
+                    self._ended[key] = q  # the key used last, last
                     q[jid] = gpu_s
                     if len(q) > self.keep:
                         q.popitem(last=False)
                     self._sorted.pop(key, None)
+        while len(self._ended) > MAX_KEYS:
+            self._sorted.pop(next(iter(self._ended)), None)
+            del self._ended[next(iter(self._ended))]
         self._seen = now
+
+    def to_json(self) -> dict:
+        """The ended sizes per (user, model) and the jobs seen last call, for a daemon restart."""
+        return {"ended": [[u, m, [[j, s] for j, s in q.items()]] for (u, m), q in self._ended.items()],
+                "seen": [[j, u, m, s] for j, ((u, m), s) in self._seen.items()]}
+
+    @classmethod
+    def from_json(cls, data, keep: int = 200, pooled: bool = False) -> SizeHistory:
+        """:meth:`to_json`'s output back; entries that are not (str, str, finite GPU-seconds > 0) are dropped,
+        and the bounds apply."""
+        out = cls(keep=keep, pooled=pooled)
+        data = data if isinstance(data, dict) else {}
+        ended = data.get("ended")
+        for row in (ended if isinstance(ended, list) else [])[-MAX_KEYS:]:
+            if not (isinstance(row, list) and len(row) == 3 and _names(row[0], row[1]) and isinstance(row[2], list)):
+                continue
+            q = OrderedDict((j, s) for j, s in (_entry(x) for x in row[2][-out.keep:]) if j is not None)
+            if q:
+                out._ended[(row[0], row[1])] = q
+        seen = data.get("seen")
+        for row in (seen if isinstance(seen, list) else [])[:MAX_SEEN]:
+            if isinstance(row, list) and len(row) == 4 and _names(row[1], row[2]):
+                j, s = _entry([row[0], row[3]])
+                if j is not None:
+                    out._seen[j] = ((row[1], row[2]), s)
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._ended.values())
 
     def remaining_gpu_s(self, user: str, model: str | None, attained_gpu_s: float) -> float | None:
         """``E[S - a | S > a]`` over the ended sizes S of ``user``'s jobs of ``model``, else (fewer than
@@ -86,3 +123,16 @@ class SizeHistory:
         if n <= 0:
             return None
         return float(suffix[i] / n - a)
+
+
+def _names(user, model) -> bool:
+    return isinstance(user, str) and isinstance(model, str) and len(user) <= 256 and len(model) <= 256
+
+
+def _entry(x) -> tuple:
+    """``[job id, GPU-seconds]`` -> (job id, float) or (None, None)."""
+    if not (isinstance(x, list) and len(x) == 2 and isinstance(x[0], (int, str)) and not isinstance(x[0], bool)
+            and isinstance(x[1], (int, float)) and not isinstance(x[1], bool)):
+        return None, None
+    s = float(x[1])
+    return (x[0], s) if np.isfinite(s) and s > 0 else (None, None)

@@ -151,3 +151,10 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def allocate(self, problem: AllocationProblem) -> Allocation:
         """Choose GPUs and batch for every job of ``problem``."""
+
+    def learned(self) -> dict:
+        """What the policy learned across cycles that a daemon restart should keep (JSON-able; {}: none)."""
+        return {}
+
+    def restore(self, learned: dict) -> None:
+        """Take back what :meth:`learned` returned before a restart (anything malformed is dropped)."""

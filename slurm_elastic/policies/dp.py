@@ -126,6 +126,16 @@ class DPPolicy(Policy):
         self.unranked = unranked
         self.placement = placement  # re-solve until the allocation places on the nodes (policies/_placement)
 
+    def learned(self) -> dict:
+        """The sizes ended jobs had (``infer``), kept across a daemon restart."""
+        return {"sizes": self.sizes.to_json()} if self.sizes is not None else {}
+
+    def restore(self, learned: dict) -> None:
+        if self.sizes is not None and isinstance(learned, dict) and "sizes" in learned:
+            from slurm_elastic.policies._sizes import SizeHistory
+
+            self.sizes = SizeHistory.from_json(learned["sizes"], keep=self.sizes.keep, pooled=self.sizes.pooled)
+
     def objective_for(self, problem: AllocationProblem) -> str:
         """The objective this problem is solved with: ``completion`` falls back to ``pnorm`` when fewer
         than half of the jobs report the work they have left (with ``unranked="pnorm"``). Not across

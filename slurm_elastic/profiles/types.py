@@ -123,6 +123,30 @@ class TypeRatios:
         if user:
             self._user[job_id] = user
 
+    def to_json(self) -> list:
+        """Per job, oldest first: ``[job id, family, weight, user, [[a, b, ratio], ...]]`` (a daemon restart
+        keeps what finished jobs taught; the prior is the config's, not stored)."""
+        return [[j, self._family.get(j, ""), self._weight.get(j, 1.0), self._user.get(j, ""),
+                 [[a, b, r] for (a, b), r in d.items()]] for j, d in self._by_job.items()]
+
+    def load_json(self, rows, most: int) -> None:
+        """:meth:`to_json`'s rows back (the last ``most``), through :meth:`observe`: names are strings of at
+        most 256 characters, ratios and weights finite and > 0; anything else is dropped."""
+        def name(x) -> bool:
+            return isinstance(x, str) and len(x) <= 256
+
+        for row in (rows if isinstance(rows, list) else [])[-most:]:
+            if not (isinstance(row, list) and len(row) == 5 and isinstance(row[0], (int, str))
+                    and not isinstance(row[0], bool) and name(row[1]) and name(row[3])
+                    and isinstance(row[2], (int, float)) and math.isfinite(row[2]) and row[2] > 0
+                    and isinstance(row[4], list)):
+                continue
+            for pair in row[4][:64]:
+                if (isinstance(pair, list) and len(pair) == 3 and name(pair[0]) and name(pair[1])
+                        and isinstance(pair[2], (int, float)) and not isinstance(pair[2], bool)):
+                    self.observe(row[0], pair[0], pair[1], float(pair[2]), family=row[1], weight=float(row[2]),
+                                 user=row[3])
+
     def set_speeds(self, speeds: Mapping[str, float]) -> None:
         """The prior again: the built-in table with ``speeds`` over it (a reloaded site table)."""
         self.speeds = {**TYPE_SPEED, **{canonical(k): float(v) for k, v in speeds.items()}}

@@ -260,3 +260,25 @@ def test_a_job_squeezed_on_the_fast_type_moves_to_more_gpus_of_a_slower_one():
     s = build_problem([one, rigid, other], busy_t4, model_for=lambda r, s: LinearModel(100.0), now=1000.0,
                       default_restart_s=30.0)
     assert DPPolicy().allocate(s.problem).jobs[1].pool == "a100:a100"
+
+
+def test_type_ratios_survive_a_daemon_restart_and_junk_rows_are_dropped():
+    import json
+
+    r = TypeRatios()
+    r.observe(1, "t4", "a100", 3.0, family="bert", user="alice")
+    r.observe(2, "t4", "a100", 2.0, family="bert", weight=4.0, user="bob")
+    r.observe(3, "rtx", "a100", 1.5)
+    back = TypeRatios()
+    back.load_json(json.loads(json.dumps(r.to_json())), most=10)
+    for fam, user in (("bert", "alice"), ("bert", "carol"), ("", "")):
+        assert back.ratio("t4", "a100", fam, user) == r.ratio("t4", "a100", fam, user)
+    assert back.ratio("rtx", "a100") == r.ratio("rtx", "a100")
+    bad = [[9, "bert", 1.0, "eve", [["t4", "a100", float("nan")], ["t4", "a100", -2.0], ["t4", 5, 2.0]]],
+           [10, "bert", float("inf"), "eve", [["t4", "a100", 9.0]]], [True, "", 1.0, "", []], "row",
+           [11, "x" * 300, 1.0, "", [["t4", "a100", 9.0]]]]
+    j = TypeRatios()
+    j.load_json(bad, most=10)
+    assert j.to_json() == []
+    j.load_json(r.to_json(), most=1)  # the last ones only
+    assert [row[0] for row in j.to_json()] == [3]

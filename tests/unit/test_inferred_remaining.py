@@ -77,3 +77,74 @@ def test_dp_ranks_jobs_that_report_nothing_by_what_their_models_ran():
     told = replace(short, remaining_samples=1e9)
     c = pol.candidates(AllocationProblem(8, 4, (long_, told)))
     assert c.values[c.offsets[0]] > c.values[c.offsets[1]]
+
+
+def test_the_history_survives_a_daemon_restart_through_json_and_junk_is_dropped():
+    import json
+
+    from slurm_elastic.policies import _sizes
+
+    h = SizeHistory()
+    h.observe([replace(_run(1, "cifar10", 100.0), user="alice"), _run(2, "cifar10", 300.0), _run(3, "bert", 50.0)])
+    h.observe([_run(3, "bert", 60.0)])
+    back = SizeHistory.from_json(json.loads(json.dumps(h.to_json())))
+    assert back.remaining_gpu_s("alice", "cifar10", 50.0) == pytest.approx(50.0)
+    assert back.remaining_gpu_s("", "cifar10", 50.0) == pytest.approx(250.0)
+    back.observe([])  # job 3, seen before the restart and gone after it, ended at what it had
+    assert back.remaining_gpu_s("", "bert", 10.0) == pytest.approx(50.0)
+    junk = {"ended": [["u", "m", [[1, float("nan")], [2, -5], [3, True], ["x", 7.0]]], ["u", 5, []], "no",
+                      ["v", "m", [[4, float("inf")]]]],
+            "seen": [[9, "u", "m", "big"], [True, "u", "m", 3.0]]}
+    j = SizeHistory.from_json(junk)
+    assert len(j) == 1 and j.remaining_gpu_s("u", "m", 0.0) == pytest.approx(7.0) and not j._seen
+    assert len(SizeHistory.from_json("garbage")) == 0 and len(SizeHistory.from_json(None)) == 0
+    # bounded: the (user, model) keys a user's model names can make
+    old = _sizes.MAX_KEYS
+    try:
+        _sizes.MAX_KEYS = 3
+        m = SizeHistory()
+        for i in range(5):
+            m.observe([_run(i, f"model{i}", 10.0)])
+        m.observe([])
+        assert len(m._ended) == 3 and m.remaining_gpu_s("", "model4", 0.0) == pytest.approx(10.0)
+    finally:
+        _sizes.MAX_KEYS = old
+
+
+def test_the_daemon_keeps_what_ended_jobs_ran_across_a_restart(tmp_path):
+    """A job of a model ends; the daemon restarts; a job of that model that reports nothing is still
+    ranked by what the ended one ran (before, the restarted daemon knew nothing until another ended)."""
+    from slurm_elastic.backends.simulated import SimulatedSlurm
+    from slurm_elastic.daemon.config import config_from_dict
+    from slurm_elastic.daemon.loop import Daemon
+    from slurm_elastic.profiles import load_profile
+    from slurm_elastic.spec import ElasticSpec
+
+    sim = SimulatedSlurm(groups=[(1, 4, "gpu", "t4")], checkpoint_s=5, restart_s=10)
+    sim.advance_to(1000.0)  # Slurm shows no start time 0
+    comment = ElasticSpec(1, 4, 64, 512, 128, profile="cifar10").to_comment()
+    sim.submit(name="short", gpus_per_node=1, comment=comment, total_samples=3e6, model=load_profile("cifar10"))
+    cfg = config_from_dict({"state_dir": str(tmp_path / "state"), "metrics_address": "", "cooldown_s": 0,
+                            "restart_cost_s": 5})
+
+    def daemon():
+        d = Daemon(cfg, backend=sim, ack=sim, clock=lambda: sim.now)
+        d.open()
+        return d
+
+    d = daemon()
+    for _ in range(200):
+        d.cycle()
+        sim.advance_to(sim.now + 30)
+        if not sim.list_jobs():
+            break
+    # the policy sees the job gone at its next allocation: the next job's
+    sim.submit(name="next", gpus_per_node=1, comment=comment.replace("cifar10", "ncf"), total_samples=3e9,
+               model=load_profile("ncf"))
+    d.cycle()
+    ran = d.policy.inner.sizes.remaining_gpu_s("user", "cifar10", 0.0)
+    assert ran is not None and ran > 0, "the job did not end in the simulated time"
+    d.close()
+    d = daemon()
+    assert d.policy.inner.sizes.remaining_gpu_s("user", "cifar10", 0.0) == pytest.approx(ran)
+    d.close()
