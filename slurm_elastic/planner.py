@@ -301,6 +301,7 @@ def plan(
     grows: list[_Pending] = []
     starts: list[_Pending] = []
     waiting: list[JobView] = []
+    flying: list[JobView] = []
     deferred = 0
     placer = _Placer(node_free, node_size) if node_free is not None else None
     pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
@@ -311,6 +312,7 @@ def plan(
             committed += v.gpus
             if v.status == IN_FLIGHT:
                 in_flight += 1
+                flying.append(v)
                 actions[v.job_id] = Leave(v.job_id, "in flight")
             else:
                 waiting.append(v)
@@ -380,6 +382,16 @@ def plan(
     # and its start) while the policy now places it in another pool is held again at once: it starts there
     # next cycle instead of waiting, pinned, for the pool it was released to.
     if placer is not None:
+        # A resize still in flight from an earlier cycle (its checkpoint outlasted the poll) has the GPUs
+        # it had on Slurm's map, not its target: a grow's target is reserved here, or a start placed now
+        # takes the GPUs it grows onto and the job, released, waits for a place (held again after
+        # start_timeout_s). A shrink holds more than it will: nothing to add.
+        for v in flying:
+            if v.nodes and v.gpus <= len(v.nodes) * v.gpus_per_node:
+                continue
+            placer.give_back(v.nodes, v.gpus_per_node)
+            if placer.take(*placer.shape(v, v.gpus)) is None:
+                placer.reserve(v.nodes, v.gpus_per_node)  # no place for it now: its own at least
         for v in waiting:
             placer.only = v.start_nodes
             ex = books.get(v.job_id, JobBook()).excluded

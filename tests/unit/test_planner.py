@@ -144,6 +144,25 @@ def test_unplaceable_starting_job_is_held_after_the_timeout():
     assert pl.update_books(books, [p.actions[0]], 120.0)["a"].last_change_s == 120.0
 
 
+def test_a_grow_still_in_flight_keeps_the_gpus_it_grows_onto_from_a_new_start():
+    """Live, a checkpoint can outlast the poll: next cycle the growing job still holds only its old GPUs on
+    Slurm's map. A start placed on the GPUs it grows onto would leave it, released, without a place."""
+    jobs = [pl.JobView("g", pl.IN_FLIGHT, 8, 8, 0.0, SPEC, ("n1",), 4), view("b", pl.PENDING)]
+    free = {"n1": 4, "n2": 2}  # 8-GPU nodes: g has 4 of n1 and grows to all 8 of it
+    p = pl.plan(alloc(g=8, b=4), jobs, {}, 100.0, capacity=16, node_size=8, node_free=free)
+    assert kinds(p) == {"g": ("leave", None), "b": ("start", 2)}  # the 2 of n2, not 4 of n1
+    p = pl.plan(alloc(g=8, b=4), jobs, {}, 100.0, capacity=16, node_size=8, node_free={"n1": 4, "n2": 0})
+    assert kinds(p)["b"] == ("leave", None)
+    # requeued already (no nodes on the map): its whole target is kept
+    gone = [pl.JobView("g", pl.IN_FLIGHT, 8, 8, 0.0, SPEC), view("b", pl.PENDING)]
+    p = pl.plan(alloc(g=8, b=4), gone, {}, 100.0, capacity=16, node_size=8, node_free={"n1": 8, "n2": 2})
+    assert kinds(p)["b"] == ("start", 2)
+    # a shrink in flight holds more than it will: nothing changes for the start
+    shrink = [pl.JobView("g", pl.IN_FLIGHT, 2, 8, 0.0, SPEC, ("n1",), 4), view("b", pl.PENDING)]
+    p = pl.plan(alloc(g=2, b=4), shrink, {}, 100.0, capacity=16, node_size=8, node_free=free)
+    assert kinds(p)["b"] == ("start", 4)
+
+
 def test_grow_needs_a_placement_and_a_shrink_frees_its_nodes():
     free = {"n1": 0, "n2": 1, "n3": 0}
     jobs = [pl.JobView("g", pl.RUNNING, 2, 8, 0.0, SPEC, ("n1",), 2),
