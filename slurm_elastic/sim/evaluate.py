@@ -53,8 +53,11 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
              "dp, rescale stability off (restart over its expected life, no anti-thrash share)"),
             ("dp:age_credit=0", "dp, no age credit (pure SRPT ranks; the default before this change)"),
             ("dp:credit_cap=inf", "dp, age credit 4 uncapped (an old job may outrank any shorter one)"),
-            ("dp:realloc=share", "dp, the old restart charge (margin x (1 + backoff x rescales) x restart / "
-                                 "min(horizon, remaining, held); before issue 23)"))
+            ("dp:restart_margin=8,backoff=0.15", "dp, the anti-thrash share's margin 8 and back-off 0.15 per "
+                                                 "rescale (the defaults before margin 4, no back-off)"),
+            ("dp:realloc=share,restart_margin=8,backoff=0.15", "dp, the old restart charge (margin x (1 + backoff x "
+                                                               "rescales) x restart / min(horizon, remaining, held); "
+                                                               "before issue 23)"))
 
 # When no job reports the work it has left (a user's loop that does not say its dataset size and
 # epochs; a simulator that passes no progress): what `completion` falls back to, at both loads.
@@ -87,8 +90,14 @@ RESTARTS = (("dp:restart=10", "dp, 10 s"), ("dp:restart=250", "dp, 250 s"), ("dp
             ("dp:restart=model", "dp, per model (Sia: 15-250 s)"),
             ("dp:restart=model,noprogress", "dp, per model, no job reporting progress"),
             ("pollux-dp:restart=250", "pollux-dp, 250 s"), ("pollux-dp:restart=model", "pollux-dp, per model"),
-            ("dp:realloc=share,restart=250", "dp with the old charge (before issue 23), 250 s"),
-            ("dp:realloc=share,restart=model", "dp with the old charge (before issue 23), per model"))
+            ("dp:restart_margin=8,backoff=0.15,restart=10", "dp, margin 8 and back-off 0.15 (before), 10 s"),
+            ("dp:restart_margin=8,backoff=0.15,restart=250", "dp, margin 8 and back-off 0.15 (before), 250 s"),
+            ("dp:restart_margin=8,backoff=0.15,restart=600", "dp, margin 8 and back-off 0.15 (before), 600 s"),
+            ("dp:restart_margin=8,backoff=0.15,restart=model", "dp, margin 8 and back-off 0.15 (before), per model"),
+            ("dp:realloc=share,restart_margin=8,backoff=0.15,restart=250",
+             "dp with the old charge (before issue 23), 250 s"),
+            ("dp:realloc=share,restart_margin=8,backoff=0.15,restart=model",
+             "dp with the old charge (before issue 23), per model"))
 
 
 def _restart_opt(spec: str) -> str | None:
@@ -533,8 +542,11 @@ a pending job starts when its GPUs are worth more to it than to the running jobs
 except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
 wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps
 `(1 - restart_s / life) x (1 - thrash)` of the new size's value, `life` the job's expected remaining
-life, `thrash = 8 x (1 + 0.15 x rescales) x restart_s / held` at most 0.5 (`held`: the time it has held
-its size; section 5). The `old restart charge` row is the rule before issue 23 (`1 - 8 x (1 + 0.15 x
+life, `thrash = 4 x restart_s / held` at most 0.5 (`held`: the time it has held its size; section 5). The
+`margin 8 and back-off 0.15` row is the same rule with the defaults before (`8 x (1 + 0.15 x rescales) x
+restart_s / held`): the back-off counted every rescale, the ones short jobs' arrivals forced on a long
+job too, so on Sia's cluster an imagenet job shrunk 47 times needed twice its speed to grow onto idle
+GPUs for 9 h (heterogeneous section). The `old restart charge` row is the rule before issue 23 (`1 - 8 x (1 + 0.15 x
 rescales) x restart_s / min(horizon, remaining, held)`): at 30 s the two are close, at 250 s and more
 they are not (section 5). The `no age credit` row is pure SRPT ranks (the default before): longer p95
 JCT. The `uncapped` row lets an old job outrank any shorter one: old jobs then hold short ones back

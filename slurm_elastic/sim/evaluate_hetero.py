@@ -28,7 +28,7 @@ from slurm_elastic.sim.hetero import SIA_DATA, WORKLOADS, run, summary_line
 
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- hetero:begin -->", "<!-- hetero:end -->"
-DEFAULT_RUNS = (("sia", ("dp", "dp:bootstrap", "dp:profiled", "sia", "gavel")), ("flat", ("dp", "dp:bootstrap", "sia")),
+DEFAULT_RUNS = (("sia", ("dp", "dp:bootstrap", "dp:profiled", "dp:restart_margin=8,backoff=0.15", "sia", "gavel")), ("flat", ("dp", "dp:bootstrap", "sia")),
                 ("600", ("dp", "dp:bootstrap", "sia")))
 LABELS = {"sia": "per-model restart costs (Sia's: 15-250 s), first start charged",
           "flat": "a flat 30 s restart, first start charged"}
