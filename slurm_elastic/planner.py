@@ -387,8 +387,8 @@ def plan(
         # takes the GPUs it grows onto and the job, released, waits for a place (held again after
         # start_timeout_s). A shrink holds more than it will: nothing to add.
         for v in flying:
-            if v.nodes and v.gpus <= len(v.nodes) * v.gpus_per_node:
-                continue
+            if v.gpus <= 0 or v.nodes and v.gpus <= len(v.nodes) * v.gpus_per_node:
+                continue  # a preemption (target 0) or a shrink: nothing to keep for it
             placer.give_back(v.nodes, v.gpus_per_node)
             if placer.take(*placer.shape(v, v.gpus)) is None:
                 placer.reserve(v.nodes, v.gpus_per_node)  # no place for it now: its own at least

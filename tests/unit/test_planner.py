@@ -157,6 +157,10 @@ def test_a_grow_still_in_flight_keeps_the_gpus_it_grows_onto_from_a_new_start():
     gone = [pl.JobView("g", pl.IN_FLIGHT, 8, 8, 0.0, SPEC), view("b", pl.PENDING)]
     p = pl.plan(alloc(g=8, b=4), gone, {}, 100.0, capacity=16, node_size=8, node_free={"n1": 8, "n2": 2})
     assert kinds(p)["b"] == ("start", 2)
+    # a preemption in flight (target 0), requeued already: nothing kept (found by the fault suite: it crashed)
+    pre = [pl.JobView("g", pl.IN_FLIGHT, 0, 8, 0.0, SPEC), view("b", pl.PENDING)]
+    p = pl.plan(alloc(g=0, b=4), pre, {}, 100.0, capacity=16, node_size=8, node_free={"n1": 8})
+    assert kinds(p)["b"] == ("start", 4)
     # a shrink in flight holds more than it will: nothing changes for the start
     shrink = [pl.JobView("g", pl.IN_FLIGHT, 2, 8, 0.0, SPEC, ("n1",), 4), view("b", pl.PENDING)]
     p = pl.plan(alloc(g=2, b=4), shrink, {}, 100.0, capacity=16, node_size=8, node_free=free)
