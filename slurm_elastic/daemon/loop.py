@@ -19,6 +19,8 @@ off; nothing is acted on from a partial read. The daemon never cancels a job.
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import logging
 import os
 import signal
@@ -52,6 +54,8 @@ from slurm_elastic.enact import CycleState, Enactor, run_cycle
 from slurm_elastic.profiles.base import ThroughputModel
 from slurm_elastic.spec import ElasticSpec, SpecError
 
+LEARNED_SAVE_S = 300.0  # how often what the policy learned is saved (Daemon._save_learned)
+
 __all__ = ["Daemon", "default_state_dir_for", "setup_logging"]
 
 
@@ -71,7 +75,8 @@ class Daemon:
         self.lock = DaemonLock(config.state_dir)
         self.db: StateDB | None = None
         self.models = ModelRegistry()
-        self._learned_saved = None  # what the policy and the type ratios had learned when last saved
+        self._learned_saved: bytes | None = None  # digest of what the policy and the type ratios had learned when last saved
+        self._learned_saved_at: float | None = None  # when (self.clock)
         self.models.ratios.speeds.update(config.gpu_speed)  # the site's measured GPU speeds (issue 23)
         self.rules = SiteRules(config.max_weight, config.state_dir)
         self.watchdog = Watchdog(config.watchdog_s)
@@ -132,7 +137,6 @@ class Daemon:
         if isinstance(learned, dict) and learned.get("policy") == self.config.policy:
             self.policy.restore(learned.get("state", {}))
         self.models.ratios.load_json(self.db.get_meta("type_ratios", []), MAX_RATIO_JOBS)
-        self._learned_saved = None
         self._saved_specs = self.db.get_meta("valid_specs", {})
         self.state.spec_cache.last_valid.update(_restore_specs(self._saved_specs))
         self._was_elastic = set(self.db.job_views())
@@ -182,8 +186,31 @@ class Daemon:
             self.db.set_meta("refused", why)
         return why is not None
 
+    def _save_learned(self, force: bool = False) -> None:
+        """Save what the policy and the type ratios learned, at most every ``LEARNED_SAVE_S`` (and at close):
+        at a large site the ended-size history is megabytes (10,000 (user, model) keys x 200 sizes) and the
+        jobs seen change every cycle, so saving every cycle cost a full build, compare and write each poll.
+        A crash loses at most that long of learning; what was learned is statistics, never a job's state."""
+        now = self.clock()
+        if not force and self._learned_saved_at is not None and now - self._learned_saved_at < LEARNED_SAVE_S:
+            return
+        learned = {"policy": self.config.policy, "state": self.policy.learned()}
+        ratios = self.models.ratios.to_json()
+        # a digest, not a copy: at the bound the history is ~30 MB of JSON and hundreds of MB as objects
+        digest = hashlib.sha256(json.dumps([learned, ratios]).encode()).digest()
+        if digest != self._learned_saved:
+            self.db.set_meta("policy_learned", learned)
+            self.db.set_meta("type_ratios", ratios)
+            self._learned_saved = digest
+        self._learned_saved_at = now
+
     def close(self) -> None:
         self.watchdog.close()
+        if self.db is not None and self._learned_saved_at is not None:
+            try:
+                self._save_learned(force=True)
+            except Exception as e:  # closing must not fail on it: the books are saved each cycle
+                event(logging.ERROR, "could not save what the policy learned at close", error=str(e))
         if self.lease is not None and not self.dry_run:
             self.lease.release()
         if self.server:
@@ -548,12 +575,7 @@ class Daemon:
         if self.models.oom.changed:
             self.db.set_meta("oom_limits", self.models.oom.to_json())
             self.models.oom.changed = False
-        learned = {"policy": self.config.policy, "state": self.policy.learned()}
-        ratios = self.models.ratios.to_json()
-        if (learned, ratios) != self._learned_saved:
-            self.db.set_meta("policy_learned", learned)
-            self.db.set_meta("type_ratios", ratios)
-            self._learned_saved = (learned, ratios)
+        self._save_learned()
         # The last valid spec of each job holding GPUs (what it falls back to if its Comment turns invalid)
         held = {str(v.job_id): snap.specs[v.job_id].to_comment() for v in snap.views
                 if v.gpus and v.job_id in snap.specs and v.job_id not in snap.degraded}

@@ -14,8 +14,9 @@ short model finds nothing); a job that outlives every ended job of its key has n
 falls back to least attained service: as long again as it has run), so a user who seeds the history
 with short jobs of a model, paying for them, gains a long job at most the largest size those ended at;
 and only jobs the scheduler saw running and then saw gone are counted. The history keeps the last ``keep`` sizes per
-model, at most ``MAX_KEYS`` (user, model) keys (the oldest go first: model names are the users'), and survives a
-daemon restart (:meth:`to_json`, kept by the daemon with the policy's other learned state): jobs that ended while
+model, at most ``MAX_KEYS_PER_USER`` keys per user (that user's least recently ended model goes first: model
+names are the users', so one user naming thousands of models evicts only their own history) and ``MAX_KEYS`` in all
+(the least recently used go first), and survives a daemon restart (:meth:`to_json`, kept by the daemon with the policy's other learned state): jobs that ended while
 the daemon was down are counted at what they had when it last saw them.
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 
 ALL = ""  # the model key of every model's ended jobs together, per user (no model is named "")
 MAX_KEYS = 10000  # (user, model) keys kept
+MAX_KEYS_PER_USER = 64  # of them one user's (their every-model key included)
 MAX_SEEN = 100000  # live jobs remembered from one call to the next
 
 
@@ -58,7 +60,11 @@ class SizeHistory:
         for jid, (key0, gpu_s) in self._seen.items():
             if jid not in now:
                 for key in (key0, (key0[0], ALL)):
-                    q = self._ended.pop(key, None) or OrderedDict()
+                    q = self._ended.pop(key, None)
+                    if q is None:
+                        q = OrderedDict()
+                        if key[1] != ALL:
+                            self._bound_user(key[0])
                     self._ended[key] = q  # the key used last, last
                     q[jid] = gpu_s
                     if len(q) > self.keep:
@@ -68,6 +74,14 @@ class SizeHistory:
             self._sorted.pop(next(iter(self._ended)), None)
             del self._ended[next(iter(self._ended))]
         self._seen = now
+
+    def _bound_user(self, user: str) -> None:
+        """Before ``user`` gets a new key: drop their least recently used model keys beyond
+        ``MAX_KEYS_PER_USER - 1`` (never their every-model key), so a new model name costs only its namer."""
+        mine = [k for k in self._ended if k[0] == user and k[1] != ALL]
+        for k in mine[:max(0, len(mine) - (MAX_KEYS_PER_USER - 2))]:
+            del self._ended[k]
+            self._sorted.pop(k, None)
 
     def to_json(self) -> dict:
         """The ended sizes per (user, model) and the jobs seen last call, for a daemon restart."""
@@ -86,6 +100,8 @@ class SizeHistory:
                 continue
             q = OrderedDict((j, s) for j, s in (_entry(x) for x in row[2][-out.keep:]) if j is not None)
             if q:
+                if row[1] != ALL and (row[0], row[1]) not in out._ended:
+                    out._bound_user(row[0])
                 out._ended[(row[0], row[1])] = q
         seen = data.get("seen")
         for row in (seen if isinstance(seen, list) else [])[:MAX_SEEN]:

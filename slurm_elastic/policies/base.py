@@ -156,5 +156,5 @@ class Policy(abc.ABC):
         """What the policy learned across cycles that a daemon restart should keep (JSON-able; {}: none)."""
         return {}
 
-    def restore(self, learned: dict) -> None:
+    def restore(self, learned: dict) -> None:  # noqa: B027 -- a no-op by default, as learned() returns {}
         """Take back what :meth:`learned` returned before a restart (anything malformed is dropped)."""

@@ -148,3 +148,63 @@ def test_the_daemon_keeps_what_ended_jobs_ran_across_a_restart(tmp_path):
     d = daemon()
     assert d.policy.inner.sizes.remaining_gpu_s("user", "cifar10", 0.0) == pytest.approx(ran)
     d.close()
+
+
+def test_one_user_naming_many_models_evicts_only_their_own_history():
+    """Model names are the users': a user who names thousands of models (each ended job a new key) must not
+    push another user's history out of the bounded table; their own oldest models go instead."""
+    from slurm_elastic.policies import _sizes
+
+    h = SizeHistory()
+    h.observe([replace(_run(1, "bert", 500.0), user="bob")])
+    h.observe([])  # bob's bert job ended at 500 GPU-s
+    many = _sizes.MAX_KEYS_PER_USER * 3
+    for i in range(many):
+        h.observe([replace(_run(100 + i, f"m{i}", 10.0), user="mallory")])
+    h.observe([])
+    mallory = [k for k in h._ended if k[0] == "mallory"]
+    assert len(mallory) == _sizes.MAX_KEYS_PER_USER
+    assert ("mallory", _sizes.ALL) in h._ended  # the every-model key is never the one dropped
+    assert h.remaining_gpu_s("mallory", f"m{many - 1}", 0.0) == pytest.approx(10.0)  # the newest kept
+    assert h.remaining_gpu_s("mallory", "m0", 0.0) is None  # the oldest went
+    assert h.remaining_gpu_s("bob", "bert", 100.0) == pytest.approx(400.0)
+    back = SizeHistory.from_json(h.to_json())  # the bound holds for a restored table too
+    assert len([k for k in back._ended if k[0] == "mallory"]) <= _sizes.MAX_KEYS_PER_USER
+    assert back.remaining_gpu_s("bob", "bert", 100.0) == pytest.approx(400.0)
+
+
+def test_the_daemon_saves_what_it_learned_at_most_every_few_minutes_and_at_close(tmp_path):
+    """The learned history can be megabytes at a large site: it is written at most every LEARNED_SAVE_S of
+    the daemon's clock (and at close), not every poll; a crash loses at most that long of learning."""
+    from slurm_elastic.backends.simulated import SimulatedSlurm
+    from slurm_elastic.daemon import loop
+    from slurm_elastic.daemon.config import config_from_dict
+    from slurm_elastic.profiles import load_profile
+    from slurm_elastic.spec import ElasticSpec
+
+    sim = SimulatedSlurm(groups=[(1, 4, "gpu", "t4")], checkpoint_s=5, restart_s=10)
+    sim.advance_to(1000.0)
+    comment = ElasticSpec(1, 4, 64, 512, 128, profile="cifar10").to_comment()
+    sim.submit(name="long", gpus_per_node=1, comment=comment, total_samples=3e9, model=load_profile("cifar10"))
+    cfg = config_from_dict({"state_dir": str(tmp_path / "state"), "metrics_address": "", "cooldown_s": 0,
+                            "restart_cost_s": 5})
+    d = loop.Daemon(cfg, backend=sim, ack=sim, clock=lambda: sim.now)
+    d.open()
+    writes = []
+    real = d.db.set_meta
+    d.db.set_meta = lambda k, v: (writes.append((sim.now, k)) if k == "policy_learned" else None, real(k, v))[1]
+    start = sim.now
+    while sim.now < start + 3 * loop.LEARNED_SAVE_S:
+        d.cycle()
+        sim.advance_to(sim.now + 30)
+    at = [t for t, _ in writes]
+    assert at and len(at) <= 4, at  # the job's attained service changes every cycle: not a write each
+    assert all(b - a >= loop.LEARNED_SAVE_S for a, b in zip(at, at[1:], strict=False))
+    d.close()
+    assert len(writes) == len(at) + 1  # and once more at close, with the latest
+    from slurm_elastic.daemon.state import StateDB
+
+    db = StateDB(cfg.state_dir)
+    seen = db.get_meta("policy_learned", {})["state"]["sizes"]["seen"]
+    db.close()
+    assert [row[2] for row in seen] == ["cifar10"] and seen[0][3] > 0
