@@ -23,7 +23,8 @@ Rules, applied to each job of the problem in priority order:
    [``settle_min_s`` (60 s), ``settle_timeout_s`` (900 s)] (a job that never reports holds what it was
    admitted to about as long as an honest start takes, not 15 minutes).
    The cooldown is the minimum dwell on top of that.
-   Shrinks are planned before grows, because they return GPUs.
+   Shrinks are planned before grows, because they return GPUs; where ``max_in_flight`` then defers a
+   grow and the GPUs a shrink returns would idle, that shrink is not made this cycle (:func:`plan`).
 5. **Pending, policy gives k > 0**: a :class:`Start` at k GPUs.
 6. **Running, its start cannot go on** (``JobView.restart``: its step ran out of memory at its batch):
    restarted now at the policy's choice (the learned batch limit is in its spec), even at the same GPU
@@ -292,8 +293,44 @@ def plan(
 
     ``jobs`` are in priority order; a job missing from the allocation is left alone. ``node_free``
     (free GPUs per managed node now, as Slurm reports them) turns on the placement gate.
+
+    A shrink is made for GPUs someone takes: where ``max_in_flight`` defers a grow and the shrinks that
+    fed it would leave GPUs idle this cycle, those shrinks (the lowest priority, on the nodes left idle,
+    first) are not made either, and the slots they free go to the deferred grows (a second pass, kept when
+    it commits at least as many GPUs; found on the simulator: 8 shrinks made, the grow they fed deferred,
+    one GPU idle for a cycle while 7 jobs that fitted waited).
     """
     views = list(jobs)
+    kw = dict(capacity=capacity, node_size=node_size, config=config, node_free=node_free, pools=tuple(pools),
+              urgent=frozenset(urgent))
+    first, free, throttled = _plan(allocation, views, books, now, keep=frozenset(), **kw)
+    idle = capacity - first.committed_gpus
+    if idle <= 0 or not throttled:
+        return first
+    by = {v.job_id: v for v in views}
+    shrunk = [a for a in first.actions if a.kind in ("resize", "preempt") and a.job_id not in kw["urgent"]
+              and not by[a.job_id].restart and (a.kind == "preempt" or a.is_shrink)]
+    prio = {v.job_id: i for i, v in enumerate(views)}
+    # the lowest priority first, and of those first the ones whose nodes are left with idle GPUs
+    shrunk.sort(key=lambda a: (not any(free.get(n, 0) for n in (by[a.job_id].nodes or ())), -prio[a.job_id]))
+    keep = set()
+    for a in shrunk:
+        d = by[a.job_id].gpus - (a.gpus if a.kind == "resize" else 0)
+        if 0 < d <= idle:
+            keep.add(a.job_id)
+            idle -= d
+    if not keep:
+        return first
+    second, _, _ = _plan(allocation, views, books, now, keep=frozenset(keep), **kw)
+    return second if second.committed_gpus >= first.committed_gpus else first
+
+
+def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook], now: float, *,
+          capacity: int, node_size: int, config: PlannerConfig, node_free: Mapping[str, int] | None,
+          pools: tuple, urgent: frozenset, keep: frozenset) -> tuple[Plan, dict, int]:
+    """:func:`plan`'s one pass; ``keep``: running jobs whose shrink or preemption is not made this cycle.
+    Also returns the free map after the plan (empty without ``node_free``) and how many grows
+    ``max_in_flight`` deferred."""
     actions: dict[int | str, Action] = {}
     committed = 0
     in_flight = 0
@@ -303,9 +340,10 @@ def plan(
     waiting: list[JobView] = []
     flying: list[JobView] = []
     deferred = 0
+    throttled = 0  # grows max_in_flight deferred
     placer = _Placer(node_free, node_size) if node_free is not None else None
     pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
-    urgent = frozenset(urgent)  # jobs on GPUs reserved for a rigid job (pools.py): a shrink is not deferred
+    # urgent: jobs on GPUs reserved for a rigid job (pools.py): a shrink is not deferred
     for i, v in enumerate(views):
         a = allocation.jobs.get(v.job_id)
         if v.status in (IN_FLIGHT, STARTING):
@@ -361,6 +399,11 @@ def plan(
         if v.stepped is False and (book.last_change_s is None or now - book.last_change_s < settle):
             actions[v.job_id] = Leave(v.job_id, f"stability: no step reported at {v.gpus} GPUs yet (held up to "
                                       f"{settle:.0f} s)")
+            deferred += 1
+            continue
+        if v.job_id in keep and a.gpus < v.gpus and not moved:
+            actions[v.job_id] = Leave(v.job_id, f"kept at {v.gpus} GPUs this cycle: a grow waits for a resize "
+                                      f"slot (max_in_flight {config.max_in_flight}), so GPUs it gave up would idle")
             deferred += 1
             continue
         if a.gpus == 0:
@@ -456,6 +499,9 @@ def plan(
             actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
             deferred += 1
             continue
+        if not take_slot(p):  # before the map: a deferred grow must not hold its target's GPUs there
+            throttled += 1
+            continue
         if placer is not None:
             placer.scope(pool_by.get(a.pool))
             placer.give_back(v.nodes, v.gpus_per_node)
@@ -464,9 +510,8 @@ def plan(
                 placer.reserve(v.nodes, v.gpus_per_node)
                 actions[v.job_id] = Leave(v.job_id, f"no placement for {a.gpus} GPUs")
                 deferred += 1
+                in_flight -= 1  # its slot back
                 continue
-        if not take_slot(p):
-            continue
         committed += a.gpus - v.gpus
         d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
@@ -499,7 +544,8 @@ def plan(
     # (released by the enactor once the resizes they follow are placed).
     rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 3, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (1 if x.kind == "resize" and not x.is_shrink else 0)))
-    return Plan(actions=ordered, committed_gpus=committed, deferred=deferred)
+    return (Plan(actions=ordered, committed_gpus=committed, deferred=deferred), (placer.free if placer else {}),
+            throttled)
 
 
 def settle_s(v: JobView, config: PlannerConfig) -> float:

@@ -243,3 +243,27 @@ def test_a_released_job_holds_no_place_on_nodes_its_last_start_excluded():
     p = pl.plan(alloc(w=4), jobs, books, 200.0, capacity=8, node_size=4, node_free={"n0": 2, "n1": 4})
     assert kinds(p)["w"] == ("hold", 4)  # not placeable where it may start, and past start_timeout_s
     assert pl.update_books(books, [replace(start, exclude_nodes=())], 300.0)["w"].excluded == ()
+
+
+def test_no_shrink_is_made_for_a_grow_that_max_in_flight_defers():
+    """Found on the simulator: the resize slots went to 8 shrinks, the grow they fed was deferred, and the
+    GPU one shrink freed sat idle for a cycle while pending jobs that fitted waited. A shrink whose GPUs
+    would go to no one this cycle is not made; its slot goes to the deferred grow."""
+    jobs = [pl.JobView("a", pl.RUNNING, 2, 8, 1.0, SPEC, ("n0",), 2),  # a and c share n0
+            pl.JobView("b", pl.RUNNING, 4, 8, 1.0, SPEC, ("n1",), 4),
+            pl.JobView("c", pl.RUNNING, 2, 8, 1.0, SPEC, ("n0",), 2), view("d", pl.PENDING)]
+    free = {"n0": 0, "n1": 0}
+    cfg = pl.PlannerConfig(max_in_flight=2)
+    p = pl.plan(alloc(a=1, b=3, c=3, d=1), jobs, {}, 0.0, capacity=8, node_size=4, node_free=free, config=cfg)
+    kept = [x for x in p.actions if x.kind == "leave" and "resize slot" in x.reason]
+    assert len(kept) == 1 and kept[0].job_id in ("a", "b")  # one shrink not made...
+    assert p.committed_gpus == 8  # ...and no GPU idle (7 before: a GPU freed for the deferred grow)
+    assert kinds(p)["d"] == ("start", 1) and len(p.of_kind("resize")) == 1
+    # with a slot for each, every action is made, the grow onto what a frees included
+    p = pl.plan(alloc(a=1, b=3, c=3, d=1), jobs, {}, 0.0, capacity=8, node_size=4, node_free=free)
+    assert kinds(p) == {"a": ("resize", 1), "b": ("resize", 3), "c": ("resize", 3), "d": ("start", 1)}
+    # a shrink another start takes the GPUs of is made even while the grow waits
+    p = pl.plan(alloc(a=1, b=3, c=3, d=1), jobs, {}, 0.0, capacity=8, node_size=4, node_free=free,
+                config=pl.PlannerConfig(max_in_flight=1))
+    k = kinds(p)
+    assert k["c"] == ("leave", None) and p.committed_gpus == 8
