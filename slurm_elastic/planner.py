@@ -294,41 +294,67 @@ def plan(
     ``jobs`` are in priority order; a job missing from the allocation is left alone. ``node_free``
     (free GPUs per managed node now, as Slurm reports them) turns on the placement gate.
 
-    A shrink is made for GPUs someone takes: where ``max_in_flight`` defers a grow and the shrinks that
-    fed it would leave GPUs idle this cycle, those shrinks (the lowest priority, on the nodes left idle,
-    first) are not made either, and the slots they free go to the deferred grows (a second pass, kept when
-    it commits at least as many GPUs; found on the simulator: 8 shrinks made, the grow they fed deferred,
-    one GPU idle for a cycle while 7 jobs that fitted waited).
+    No GPU is left idle by the order the rules run in (issue 23 item 7), so a pass that leaves GPUs
+    uncommitted is followed by another (at most :data:`PASSES`, each kept when it commits more GPUs, or as
+    many with fewer actions):
+
+    * a start or grow the count gate turned away ("waiting for GPUs") while one counted ahead of it then
+      found no placement: the next pass leaves the unplaceable one out of the count, so its GPUs go to
+      the next job that places (found on Sia's cluster: a 1-GPU start counted first and unplaceable kept
+      an 8-GPU start that fitted an empty node out, 10-80 cycles a run);
+    * a shrink made for a grow that ``max_in_flight`` deferred, whose GPUs would idle: not made (the
+      lowest priority, on the nodes left idle, first), and its slot goes to the deferred grow (found on
+      the simulator: 8 shrinks made, the grow they fed deferred, one GPU idle while 7 jobs that fitted
+      waited).
     """
     views = list(jobs)
     kw = dict(capacity=capacity, node_size=node_size, config=config, node_free=node_free, pools=tuple(pools),
               urgent=frozenset(urgent))
-    first, free, throttled = _plan(allocation, views, books, now, keep=frozenset(), **kw)
-    idle = capacity - first.committed_gpus
-    if idle <= 0 or not throttled:
-        return first
     by = {v.job_id: v for v in views}
-    shrunk = [a for a in first.actions if a.kind in ("resize", "preempt") and a.job_id not in kw["urgent"]
-              and not by[a.job_id].restart and (a.kind == "preempt" or a.is_shrink)]
     prio = {v.job_id: i for i, v in enumerate(views)}
-    # the lowest priority first, and of those first the ones whose nodes are left with idle GPUs
-    shrunk.sort(key=lambda a: (not any(free.get(n, 0) for n in (by[a.job_id].nodes or ())), -prio[a.job_id]))
-    keep = set()
-    for a in shrunk:
-        d = by[a.job_id].gpus - (a.gpus if a.kind == "resize" else 0)
-        if 0 < d <= idle:
-            keep.add(a.job_id)
-            idle -= d
-    if not keep:
-        return first
-    second, _, _ = _plan(allocation, views, books, now, keep=frozenset(keep), **kw)
-    return second if second.committed_gpus >= first.committed_gpus else first
+    keep: frozenset = frozenset()
+    skip: frozenset = frozenset()
+    best, free, throttled = _plan(allocation, views, books, now, keep=keep, skip=skip, **kw)
+    for _ in range(PASSES - 1):
+        idle = capacity - best.committed_gpus
+        if idle <= 0:
+            break
+        more_skip = set()
+        if any(a.kind == "leave" and a.reason == "waiting for GPUs" for a in best.actions):
+            more_skip = {a.job_id for a in best.actions
+                         if a.kind == "leave" and a.reason.startswith(("waiting for a placement", "no placement for"))}
+        more_keep = set()
+        if throttled:
+            shrunk = [a for a in best.actions if a.kind in ("resize", "preempt") and a.job_id not in kw["urgent"]
+                      and not by[a.job_id].restart and (a.kind == "preempt" or a.is_shrink)]
+            # the lowest priority first, and of those first the ones whose nodes are left with idle GPUs
+            shrunk.sort(key=lambda a: (not any(free.get(n, 0) for n in (by[a.job_id].nodes or ())),
+                                       -prio[a.job_id]))
+            left = idle
+            for a in shrunk:
+                d = by[a.job_id].gpus - (a.gpus if a.kind == "resize" else 0)
+                if 0 < d <= left:
+                    more_keep.add(a.job_id)
+                    left -= d
+        if more_skip <= skip and more_keep <= keep:
+            break
+        keep, skip = keep | more_keep, skip | more_skip
+        nxt, nfree, nthrottled = _plan(allocation, views, books, now, keep=keep, skip=skip, **kw)
+        if nxt.committed_gpus < best.committed_gpus or (nxt.committed_gpus == best.committed_gpus
+                                                       and len(nxt.changes) >= len(best.changes)):
+            break
+        best, free, throttled = nxt, nfree, nthrottled
+    return best
+
+
+PASSES = 3  # planning passes at most (plan)
 
 
 def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook], now: float, *,
           capacity: int, node_size: int, config: PlannerConfig, node_free: Mapping[str, int] | None,
-          pools: tuple, urgent: frozenset, keep: frozenset) -> tuple[Plan, dict, int]:
-    """:func:`plan`'s one pass; ``keep``: running jobs whose shrink or preemption is not made this cycle.
+          pools: tuple, urgent: frozenset, keep: frozenset, skip: frozenset) -> tuple[Plan, dict, int]:
+    """:func:`plan`'s one pass; ``keep``: running jobs whose shrink or preemption is not made this cycle;
+    ``skip``: starts and grows an earlier pass found no placement for, left out of the count.
     Also returns the free map after the plan (empty without ``node_free``) and how many grows
     ``max_in_flight`` deferred."""
     actions: dict[int | str, Action] = {}
@@ -362,7 +388,10 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             actions[v.job_id] = Leave(v.job_id, "not in the allocation")
             continue
         if v.status == PENDING:
-            if a.gpus > 0:
+            if a.gpus > 0 and v.job_id in skip:
+                actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
+                deferred += 1
+            elif a.gpus > 0:
                 starts.append(_Pending(v, a, i))
             else:
                 actions[v.job_id] = Leave(v.job_id, a.reason or "policy: not now")
@@ -417,6 +446,10 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
                 actions[v.job_id] = Leave(v.job_id, "gain below min_relative_gain")
                 continue
         # a move to another pool (issue 23) needs GPUs there, as a grow does: planned with the grows
+        if (a.gpus > v.gpus or moved) and v.job_id in skip:
+            actions[v.job_id] = Leave(v.job_id, f"no placement for {a.gpus} GPUs")
+            deferred += 1
+            continue
         (shrinks if a.gpus < v.gpus and not moved else grows).append(_Pending(v, a, i))
 
     # Released jobs Slurm has not started: reserve their placement; one that has waited past the
@@ -485,9 +518,14 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: shrink",
                                    **_pin(a, v, pool_by))
     # Capacity in priority order (starts before grows); placement in execution order (grows, then starts).
+    # A move to another pool gives back the GPUs it leaves before the starts are counted (found on Sia's
+    # cluster: an 8-GPU start onto the node a moving job left was turned away by the count, and the
+    # node idled): with the node map, a start counted on them whose move then cannot be made finds no
+    # placement and is left, so nothing is committed twice.
+    moving_out = sum(p.view.gpus for p in grows if _moves(p.alloc, p.view, pool_by)) if placer is not None else 0
     admitted: list[_Pending] = []
     for p in starts:
-        if committed + p.alloc.gpus > capacity:
+        if committed - moving_out + p.alloc.gpus > capacity:
             actions[p.view.job_id] = Leave(p.view.job_id, "waiting for GPUs")
             deferred += 1
             continue

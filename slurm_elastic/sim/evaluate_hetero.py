@@ -163,12 +163,14 @@ def section(R: dict) -> str:
                          f"{_mean(vals, 'gpu_h_per_job'):.2f}" if vals else "-",
                          _share(vals),
                          f"{sum(m['held_wrong_jobs'] for m in vals)}" if vals else "-",
+                         f"{sum(m['idle_wait_cycles'] for m in vals)}" if vals and all(
+                             "idle_wait_cycles" in m for m in vals) else "-",
                          f"{max(m['ftf_max'] or 0 for m in vals):.1f}" if vals else "-",
                          f"{len(vals)}/{len(WORKLOADS)}"])
         out.append(report.markdown_table(
             ["policy", *[f"w{n}" for n in WORKLOADS], "mean avg JCT h", "mean p99 JCT h", "longest job h",
              "restarts/job", "jobs moved (moves)", "GPU-h/job", "GPU-h share aws/rtx/dgx-ext",
-             "held wrong > 30 min (jobs, sum)", "FTF max", "workloads"], rows))
+             "held wrong > 30 min (jobs, sum)", "idle-while-waiting cycles (sum)", "FTF max", "workloads"], rows))
         out.append("")
         out.append(_verdict(R, restart))
         out.append(_ftf_table(R, restart, specs))
@@ -277,6 +279,11 @@ Reading the table:
 - *held wrong > 30 min*: jobs that for more than 30 minutes ran at a size their true gain said was
   wrong: GPUs of their type idle, and growing onto them would have saved more of their remaining
   time than one restart costs (`sim/engine.py` `held_wrong`).
+- *idle-while-waiting cycles*: cycles that ended with GPUs uncommitted while a pending job that fits
+  them (count and nodes, any type it may use) waited (`sim/checks.py`, as in the one-type section).
+  Before the per-pool start fill and the cross-pool fill (`policies/_multipool.py` `_fill_pools`) and
+  the planner crediting a move's old GPUs to starts, `dp` had 206 of them over the 8 workloads at
+  per-model restarts.
 - `gavel`: rigid at the requested GPUs and batch, max-min LP every 360 s round, preemptive
   (`policies/gavel.py`); `sia`: per-job normalised goodput summed (Sia's p = 1; its default p = -0.5 is
   not expressible across pools by the shared optimizer), Pollux's re-allocation factor as its restart

@@ -350,6 +350,8 @@ def hetero_metrics(res: SimResult, workload: list[WorkloadJob], cfg: SimConfig) 
         "held_bound_s": bound,
         "held_wrong_jobs": int(sum(1 for o in res.jobs if bound is not None and o.held_wrong_s > bound)),
         "held_wrong_longest_s": float(max((o.held_wrong_s for o in res.jobs), default=0.0)),
+        # cycles with GPUs idle while a pending job that fits them waited (sim/checks.py)
+        "idle_wait_cycles": int(res.checks.get("idle_wait_cycles", 0)),
         "ftf_median": _pct(list(rho.values()), 50), "ftf_p99": _pct(list(rho.values()), 99),
         "ftf_max": float(max(rho.values())) if rho else None,
         "ftf_by_mix": {k: {"jobs": len(v), "median": float(np.median(v)), "max": float(max(v))}
@@ -368,4 +370,5 @@ def summary_line(m: dict) -> str:
             f"avg {h(m['avg_jct_s'])} h  p99 {h(m['p99_jct_s'])} h  longest {h(m['longest_jct_s'])} h  "
             f"restarts/job {m['restarts_per_job']:.2f}  moved {m['jobs_moved']}/{m['jobs']} ({m['moves']})  "
             f"GPU-h/job {m['gpu_h_per_job']:.2f} [{share}]  held-wrong {m['held_wrong_jobs']}  "
+            f"idle-while-waiting {m.get('idle_wait_cycles', '-')}  "
             f"ftf max {m['ftf_max'] or 0:.1f}  {m['finished']}/{m['jobs']} done ({m['sim_wall_s']:.0f} s)")

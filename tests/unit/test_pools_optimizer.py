@@ -227,3 +227,57 @@ def test_allocation_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     with pytest.raises(RuntimeError):
         DPPolicy().allocate(single)
     assert gc.isenabled()  # back on after a failing allocation too
+
+
+def test_a_job_that_fits_no_node_of_its_pool_starts_on_another_pools_idle_gpus():
+    """Found on Sia's cluster: the search assigns each pending job one pool by count; where that pool's
+    nodes had no place for it, it waited while GPUs of another type it may use sat idle (10-80 cycles a
+    run). The fill starts it where it places (policies/_multipool._fill_pools)."""
+    from slurm_elastic.policies import _multipool
+
+    pools = (Pool("fast", "v100", ("b",), (("f1", 2), ("f2", 2)), 2), Pool("slow", "k80", ("a",), (("s1", 2),), 2))
+    spec = replace(toy_spec(min_gpus=1, max_gpus=2, batch=64), min_batch=32, max_batch=256, max_local_batch=128)
+    v, k = gavel_model("v100", "ResNet-50"), gavel_model("k80", "ResNet-50")
+    one = replace(spec, max_gpus=1)
+    running = tuple(JobRequest(j, one, v, running_gpus=1, running_batch=64, pool="fast", pools=("fast",),
+                               nodes=(n,), gpus_per_node=1, pool_models=(("fast", v),))
+                    for j, n in ((1, "f1"), (2, "f2")))  # one GPU free on each fast node
+    waiting = JobRequest(3, replace(spec, min_gpus=2), k, pools=("fast", "slow"),
+                         pool_models=(("fast", v), ("slow", k)))  # 2 GPUs on one node
+    prob = AllocationProblem(6, 2, (*running, waiting), pools=pools)
+    joint = DPPolicy(admission="joint", starvation_s=float("inf"))
+    a = allocate_pools(prob, joint.candidates)
+    assert (a.jobs[3].gpus, a.jobs[3].pool) == (2, "slow")
+    assert a.jobs[1].gpus == a.jobs[2].gpus == 1
+    real = _multipool._fill_pools  # without the fill, the count says fast and nothing places it there
+    try:
+        _multipool._fill_pools = lambda q, problem, parts, obj, assign, name, memo: (parts, obj, assign)
+        assert allocate_pools(prob, joint.candidates).jobs[3].pool == "fast"
+    finally:
+        _multipool._fill_pools = real
+
+
+def test_a_start_may_take_the_gpus_a_moving_job_leaves():
+    """Found on Sia's cluster: a job moving to another type leaves its node; a start the policy placed on
+    that node was turned away by the planner's count (starts are counted before moves are), and the node
+    idled. The GPUs a move leaves count for the starts; without the node map nothing is credited."""
+    from slurm_elastic import planner as pl
+    from slurm_elastic.policies.base import Allocation, JobAllocation
+
+    pools = (Pool("a100:a100", "a100", ("a100",), (("a1", 4),), 4),
+             Pool("v100:v100", "v100", ("v100",), (("v1", 4),), 4))
+    spec = toy_spec(max_gpus=8, batch=8)
+    views = [pl.JobView(1, pl.RUNNING, 4, 8, 1.0, spec, ("v1",), 4, partitions=("a100", "v100")),
+             pl.JobView(3, pl.RUNNING, 2, 8, 1.0, spec, ("a1",), 2, partitions=("a100",)),
+             pl.JobView(2, pl.PENDING, spec=spec, partitions=("v100",))]
+    alloc = Allocation({1: JobAllocation(1, 2, 1, 8, 4, pool="a100:a100"),  # 1 moves to the A100 node
+                        3: JobAllocation(3, 2, 1, 8, 4, pool="a100:a100"),
+                        2: JobAllocation(2, 4, 1, 8, 2, pool="v100:v100")})  # 2 starts where 1 was
+    p = pl.plan(alloc, views, {}, 0.0, capacity=8, node_size=4, node_free={"a1": 2, "v1": 0}, pools=pools)
+    k = {a.job_id: a.kind for a in p.actions}
+    assert k == {1: "resize", 2: "start", 3: "leave"} and p.committed_gpus == 8  # was: 2 waited, v1 idle
+    assert p.of_kind("start")[0].after == (1,)  # released once the move has left v1
+    # the move cannot be made (the A100 node is full): the start finds no place, nothing is committed twice
+    p = pl.plan(alloc, views, {}, 0.0, capacity=8, node_size=4, node_free={"a1": 0, "v1": 0}, pools=pools)
+    assert {a.job_id: a.kind for a in p.actions} == {1: "leave", 2: "leave", 3: "leave"}
+    assert p.committed_gpus == 6
