@@ -314,21 +314,18 @@ def plan(
     prio = {v.job_id: i for i, v in enumerate(views)}
     keep: frozenset = frozenset()
     skip: frozenset = frozenset()
-    best, free, throttled = _plan(allocation, views, books, now, keep=keep, skip=skip, **kw)
+    best = _plan(allocation, views, books, now, keep=keep, skip=skip, **kw)
     for _ in range(PASSES - 1):
-        idle = capacity - best.committed_gpus
+        idle = capacity - best.plan.committed_gpus
         if idle <= 0:
             break
-        more_skip = set()
-        if any(a.kind == "leave" and a.reason == "waiting for GPUs" for a in best.actions):
-            more_skip = {a.job_id for a in best.actions
-                         if a.kind == "leave" and a.reason.startswith(("waiting for a placement", "no placement for"))}
+        more_skip = best.unplaced if best.gated else frozenset()
         more_keep = set()
-        if throttled:
-            shrunk = [a for a in best.actions if a.kind in ("resize", "preempt") and a.job_id not in kw["urgent"]
+        if best.throttled:
+            shrunk = [a for a in best.plan.actions if a.kind in ("resize", "preempt") and a.job_id not in kw["urgent"]
                       and not by[a.job_id].restart and (a.kind == "preempt" or a.is_shrink)]
             # the lowest priority first, and of those first the ones whose nodes are left with idle GPUs
-            shrunk.sort(key=lambda a: (not any(free.get(n, 0) for n in (by[a.job_id].nodes or ())),
+            shrunk.sort(key=lambda a: (not any(best.free.get(n, 0) for n in (by[a.job_id].nodes or ())),
                                        -prio[a.job_id]))
             left = idle
             for a in shrunk:
@@ -339,24 +336,35 @@ def plan(
         if more_skip <= skip and more_keep <= keep:
             break
         keep, skip = keep | more_keep, skip | more_skip
-        nxt, nfree, nthrottled = _plan(allocation, views, books, now, keep=keep, skip=skip, **kw)
-        if nxt.committed_gpus < best.committed_gpus or (nxt.committed_gpus == best.committed_gpus
-                                                       and len(nxt.changes) >= len(best.changes)):
+        nxt = _plan(allocation, views, books, now, keep=keep, skip=skip, **kw)
+        if nxt.plan.committed_gpus < best.plan.committed_gpus or (
+                nxt.plan.committed_gpus == best.plan.committed_gpus and len(nxt.plan.changes) >= len(best.plan.changes)):
             break
-        best, free, throttled = nxt, nfree, nthrottled
-    return best
+        best = nxt
+    return best.plan
 
 
 PASSES = 3  # planning passes at most (plan)
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """One planning pass and what the next may change: the free map after it (empty without the node
+    map), how many grows ``max_in_flight`` deferred, the starts and grows that found no placement, and
+    whether the count turned one away."""
+
+    plan: Plan
+    free: dict
+    throttled: int
+    unplaced: frozenset
+    gated: bool
+
+
 def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook], now: float, *,
           capacity: int, node_size: int, config: PlannerConfig, node_free: Mapping[str, int] | None,
-          pools: tuple, urgent: frozenset, keep: frozenset, skip: frozenset) -> tuple[Plan, dict, int]:
+          pools: tuple, urgent: frozenset, keep: frozenset, skip: frozenset) -> _Pass:
     """:func:`plan`'s one pass; ``keep``: running jobs whose shrink or preemption is not made this cycle;
-    ``skip``: starts and grows an earlier pass found no placement for, left out of the count.
-    Also returns the free map after the plan (empty without ``node_free``) and how many grows
-    ``max_in_flight`` deferred."""
+    ``skip``: starts and grows an earlier pass found no placement for, left out of the count."""
     actions: dict[int | str, Action] = {}
     committed = 0
     in_flight = 0
@@ -367,6 +375,8 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     flying: list[JobView] = []
     deferred = 0
     throttled = 0  # grows max_in_flight deferred
+    unplaced: set = set()  # starts and grows that found no placement
+    gated = False  # a start or grow the count turned away
     placer = _Placer(node_free, node_size) if node_free is not None else None
     pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
     # urgent: jobs on GPUs reserved for a rigid job (pools.py): a shrink is not deferred
@@ -528,6 +538,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
         if committed - moving_out + p.alloc.gpus > capacity:
             actions[p.view.job_id] = Leave(p.view.job_id, "waiting for GPUs")
             deferred += 1
+            gated = True
             continue
         committed += p.alloc.gpus  # reserved here; what it is placed at is settled below
         admitted.append(p)
@@ -536,6 +547,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
         if committed + a.gpus - v.gpus > capacity:
             actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
             deferred += 1
+            gated = True
             continue
         if not take_slot(p):  # before the map: a deferred grow must not hold its target's GPUs there
             throttled += 1
@@ -548,6 +560,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
                 placer.reserve(v.nodes, v.gpus_per_node)
                 actions[v.job_id] = Leave(v.job_id, f"no placement for {a.gpus} GPUs")
                 deferred += 1
+                unplaced.add(v.job_id)
                 in_flight -= 1  # its slot back
                 continue
         committed += a.gpus - v.gpus
@@ -565,6 +578,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
                 committed -= a.gpus
                 actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
                 deferred += 1
+                unplaced.add(v.job_id)
                 continue
             if k != a.gpus:
                 why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
@@ -582,8 +596,8 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     # (released by the enactor once the resizes they follow are placed).
     rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 3, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (1 if x.kind == "resize" and not x.is_shrink else 0)))
-    return (Plan(actions=ordered, committed_gpus=committed, deferred=deferred), (placer.free if placer else {}),
-            throttled)
+    return _Pass(Plan(actions=ordered, committed_gpus=committed, deferred=deferred),
+                 placer.free if placer is not None else {}, throttled, frozenset(unplaced), gated)
 
 
 def settle_s(v: JobView, config: PlannerConfig) -> float:

@@ -643,10 +643,10 @@ def _fill_pools(q: PoolQ, problem: AllocationProblem, parts, obj: float, assign:
     cluster: 1-2 GPUs of an 8-GPU type idle for hours while 1-GPU jobs waited, 10-80 cycles a run)."""
     standing = np.asarray(q.standing, np.int64)
 
-    def look(parts):
+    def look(parts, assign):
         """(value of the starts and sizes that place, jobs started and placed, pools with spare GPUs)"""
         a = np.full(len(q.standing), -1, np.int64)
-        for j, i in assign_now.items():
+        for j, i in assign.items():
             a[j] = i
         value, started, spare = 0.0, set(), []
         for i, (sub, chosen, _) in enumerate(parts):
@@ -667,8 +667,7 @@ def _fill_pools(q: PoolQ, problem: AllocationProblem, parts, obj: float, assign:
                 spare.append((i, left, free, sub.problem.node_size))
         return value, started, spare
 
-    assign_now = assign
-    value, started, spare = look(parts)
+    value, started, spare = look(parts, assign)
     tries = 0
     while spare and tries < FILL_TRIES:
         waiting = [j for j, r in enumerate(problem.jobs) if standing[j] and r.running_gpus <= 0 and j not in started]
@@ -685,14 +684,12 @@ def _fill_pools(q: PoolQ, problem: AllocationProblem, parts, obj: float, assign:
                     continue
                 tries += 1
                 t_parts, t_obj = _solve_all(q, trial, True, name, memo)
-                assign_now = trial
-                t_value, t_started, t_spare = look(t_parts)
+                t_value, t_started, t_spare = look(t_parts, trial)
                 # more jobs placed, else more value: a required job's minimum is worth 0 over its base
                 if (len(t_started), t_value) > (len(started), value + 1e-12):
                     parts, obj, assign, moved = t_parts, t_obj, trial, True
                     value, started, spare = t_value, t_started, t_spare
                     break
-                assign_now = assign
                 if tries >= FILL_TRIES:
                     break
             if moved or tries >= FILL_TRIES:
