@@ -13,11 +13,12 @@ model, so a job learns only from its own user's ended jobs of the model it names
 short model finds nothing); a job that outlives every ended job of its key has no estimate (the caller
 falls back to least attained service: as long again as it has run), so a user who seeds the history
 with short jobs of a model, paying for them, gains a long job at most the largest size those ended at;
-and only jobs the scheduler saw running and then saw gone are counted. The history keeps the last ``keep`` sizes per
-model, at most ``MAX_KEYS_PER_USER`` keys per user (that user's least recently ended model goes first: model
-names are the users', so one user naming thousands of models evicts only their own history) and ``MAX_KEYS`` in all
-(the least recently used go first), and survives a daemon restart (:meth:`to_json`, kept by the daemon with the policy's other learned state): jobs that ended while
-the daemon was down are counted at what they had when it last saw them.
+and only jobs the scheduler saw running and then saw gone are counted. The history keeps the last ``keep``
+sizes per model, at most ``MAX_KEYS_PER_USER`` keys per user (that user's least recently ended model goes
+first: model names are the users', so one user naming thousands of models evicts only their own history)
+and ``MAX_KEYS`` in all (the least recently used go first), and survives a daemon restart (:meth:`to_json`,
+kept by the daemon with the policy's other learned state): jobs that ended while the daemon was down are
+counted at what they had when it last saw them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class SizeHistory:
         self._ended: dict[tuple, OrderedDict] = {}  # (user, model) -> job id -> GPU-s it ended at, oldest first
         self._sorted: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # sizes ascending, suffix sums
         self._seen: dict = {}  # job id -> ((user, model), attained GPU-s) at the last call
+        self._mine: dict[str, OrderedDict] = {}  # user -> their model keys (not ALL), least recently used first
 
     def observe(self, jobs) -> None:
         """One scheduling cycle's jobs: a job seen with GPU-seconds last call and absent now has ended
@@ -66,22 +68,38 @@ class SizeHistory:
                         if key[1] != ALL:
                             self._bound_user(key[0])
                     self._ended[key] = q  # the key used last, last
+                    self._use(key)
                     q[jid] = gpu_s
                     if len(q) > self.keep:
                         q.popitem(last=False)
                     self._sorted.pop(key, None)
         while len(self._ended) > MAX_KEYS:
-            self._sorted.pop(next(iter(self._ended)), None)
-            del self._ended[next(iter(self._ended))]
+            self._drop(next(iter(self._ended)))
         self._seen = now
 
+    def _use(self, key: tuple) -> None:
+        """``key`` was used last: the last of its user's keys to go."""
+        if key[1] != ALL:
+            d = self._mine.setdefault(key[0], OrderedDict())
+            d.pop(key[1], None)
+            d[key[1]] = None
+
+    def _drop(self, key: tuple) -> None:
+        del self._ended[key]
+        self._sorted.pop(key, None)
+        d = self._mine.get(key[0])
+        if d is not None and key[1] != ALL:
+            d.pop(key[1], None)
+            if not d:
+                del self._mine[key[0]]
+
     def _bound_user(self, user: str) -> None:
-        """Before ``user`` gets a new key: drop their least recently used model keys beyond
-        ``MAX_KEYS_PER_USER - 1`` (never their every-model key), so a new model name costs only its namer."""
-        mine = [k for k in self._ended if k[0] == user and k[1] != ALL]
-        for k in mine[:max(0, len(mine) - (MAX_KEYS_PER_USER - 2))]:
-            del self._ended[k]
-            self._sorted.pop(k, None)
+        """Before ``user`` gets a new model key: drop their least recently used ones so that with it they
+        hold at most ``MAX_KEYS_PER_USER`` keys, their every-model key included (never dropped here): a new
+        model name costs only its namer. Constant time per key (the per-user index), whatever the names."""
+        d = self._mine.get(user)
+        while d and len(d) > MAX_KEYS_PER_USER - 2:
+            self._drop((user, next(iter(d))))
 
     def to_json(self) -> dict:
         """The ended sizes per (user, model) and the jobs seen last call, for a daemon restart."""
@@ -103,6 +121,7 @@ class SizeHistory:
                 if row[1] != ALL and (row[0], row[1]) not in out._ended:
                     out._bound_user(row[0])
                 out._ended[(row[0], row[1])] = q
+                out._use((row[0], row[1]))
         seen = data.get("seen")
         for row in (seen if isinstance(seen, list) else [])[:MAX_SEEN]:
             if isinstance(row, list) and len(row) == 4 and _names(row[1], row[2]):
