@@ -300,8 +300,8 @@ def plan(
 
     * a start or grow the count gate turned away ("waiting for GPUs") while one counted ahead of it then
       found no placement: the next pass leaves the unplaceable one out of the count, so its GPUs go to
-      the next job that places (found on Sia's cluster: a 1-GPU start counted first and unplaceable kept
-      an 8-GPU start that fitted an empty node out, 10-80 cycles a run);
+      the next job that places (a guard: on Sia's cluster the idle cycles it was written for turned out
+      to be moves, which the count now credits; see below);
     * a shrink made for a grow that ``max_in_flight`` deferred, whose GPUs would idle: not made (the
       lowest priority, on the nodes left idle, first), and its slot goes to the deferred grow (found on
       the simulator: 8 shrinks made, the grow they fed deferred, one GPU idle while 7 jobs that fitted

@@ -267,3 +267,15 @@ def test_no_shrink_is_made_for_a_grow_that_max_in_flight_defers():
                 config=pl.PlannerConfig(max_in_flight=1))
     k = kinds(p)
     assert k["c"] == ("leave", None) and p.committed_gpus == 8
+
+
+def test_a_start_the_count_turned_away_is_made_when_the_one_counted_first_does_not_place():
+    """The count runs in priority order before placement: a start counted first that then finds no node
+    turned away one that would have placed, and the GPUs idled. The next pass leaves the unplaceable one
+    out of the count."""
+    free = {"n1": 2, "n2": 2}  # 4 free GPUs, no node with 4
+    four = pl.JobView("a", pl.PENDING, 0, None, 0.0, toy_spec(min_gpus=4, max_gpus=4))  # cannot start smaller
+    p = pl.plan(alloc(a=4, b=2), [four, view("b", pl.PENDING)], {}, 0.0, capacity=4, node_size=4, node_free=free)
+    by = {x.job_id: x for x in p.actions}
+    assert by["a"].kind == "leave" and by["a"].reason == "waiting for a placement of 4 GPUs"
+    assert by["b"].kind == "start" and by["b"].gpus == 2 and p.committed_gpus == 2  # was: b waited, 4 idle
