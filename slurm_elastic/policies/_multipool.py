@@ -640,7 +640,7 @@ def _fill_pools(q: PoolQ, problem: AllocationProblem, parts, obj: float, assign:
     its nodes do not) the job waits while GPUs of another type it may use sit idle. Each such job, in
     priority order, is tried in each pool with spare GPUs its minimum fits on (its pool and that pool
     re-solved, :data:`FILL_TRIES` at most), and moved where the value of what places grows (found on Sia's
-    cluster: 1-2 GPUs of an 8-GPU type idle for hours while 1-GPU jobs waited, 10-80 cycles a run)."""
+    cluster: 1-2 GPUs of the 8-GPU rtx nodes idle for minutes at a time while 1-GPU jobs waited)."""
     standing = np.asarray(q.standing, np.int64)
 
     def look(parts, assign):
