@@ -101,7 +101,11 @@ def test_noise_scale_is_reported_the_model_is_fitted_and_no_resize_before_a_firs
                 assert act is None or act.kind == "leave", (act, d.db.decisions(a))
                 guarded += act is not None and "no step reported" in act.reason
             src = d.models.sources.get(a, "")
-            if src.startswith("fitted") and read_report(ckpt)["noise_scale"] is not None:
+            # The progress claim counts only once its throughput is verified, which can be a cycle or two
+            # after the fit: wait for both (breaking at the fit alone raced the claim's verification).
+            info = d.models.progress.get(a)
+            if (src.startswith("fitted") and read_report(ckpt)["noise_scale"] is not None
+                    and info is not None and info.remaining_samples is not None):
                 fitted = src
                 break
             time.sleep(2)
