@@ -343,6 +343,9 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
     return replace(snap, problem=replace(snap.problem, jobs=tuple(jobs)))
 
 
+RESOLVES = 2  # solves after the first, at most, when a grow or move the planner could not make left GPUs idle
+
+
 def run_cycle(
     backend: SlurmBackend,
     policy: Policy,
@@ -368,7 +371,8 @@ def run_cycle(
 
     Jobs the planner will not resize this cycle (in flight, released but not started, in their
     rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on
-    no GPUs the planner cannot move."""
+    no GPUs the planner cannot move; so are, in a second solve, those whose grow or move the planner
+    found no place for (``Plan.blocked``) when GPUs would otherwise idle (:data:`RESOLVES`)."""
     enactor.poll()
     jobs, nodes = backend.list_jobs(), backend.list_nodes()
     if note_nodes is not None:
@@ -405,12 +409,36 @@ def run_cycle(
         alloc = policy.allocate(snap.problem)
     else:
         alloc = Allocation(policy=getattr(policy, "name", ""))
-    the_plan = pl.plan(
-        alloc, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
-        config=planner_config or pl.PlannerConfig(),
-        node_free=snap.node_free if placement else None, pools=snap.problem.pools,
-        urgent=snap.kept_for_rigid.caps,
-    )
+    def plan_for(a: Allocation) -> pl.Plan:
+        return pl.plan(
+            a, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
+            config=planner_config or pl.PlannerConfig(),
+            node_free=snap.node_free if placement else None, pools=snap.problem.pools,
+            urgent=snap.kept_for_rigid.caps,
+        )
+
+    the_plan = plan_for(alloc)
+    kept: frozenset = frozenset()
+    for _ in range(RESOLVES):
+        if not the_plan.blocked or the_plan.committed_gpus >= snap.capacity:
+            break
+        # The planner could not carry out a grow or move (no place on the nodes yet, or the GPUs it
+        # counted on are still held), and GPUs the allocation gave it would idle this cycle: solve again
+        # with those jobs kept at their size, so the GPUs go to jobs that can take them now (found on
+        # Sia's cluster: a move waiting for another's nodes left 4-8 GPUs idle for 1-3 cycles while jobs
+        # that fitted waited). Kept when it commits more GPUs.
+        why = {a.job_id: f"kept at its size this cycle: {alloc.jobs[a.job_id].gpus} GPUs found {a.reason}; "
+                         f"the others solved again for the GPUs that would idle"
+               for a in the_plan.actions if a.job_id in the_plan.blocked and a.job_id in alloc.jobs}
+        kept = kept | the_plan.blocked
+        again = replace(snap.problem, jobs=tuple(replace(r, frozen=True) if r.job_id in kept else r
+                                                 for r in snap.problem.jobs))
+        alloc2 = policy.allocate(again)
+        plan2 = plan_for(alloc2)
+        if plan2.committed_gpus <= the_plan.committed_gpus:
+            break
+        alloc = replace(alloc2, jobs={j: replace(a, reason=why[j]) if j in why else a for j, a in alloc2.jobs.items()})
+        the_plan = plan2
     the_plan = _exclude_reserved(the_plan, snap.kept_for_rigid.by_node, enactor)
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).

@@ -56,8 +56,10 @@ pools its place is looked for only on the nodes it was pinned to (``JobView.star
 does not fit there while the policy now puts it in another pool is held again at once, to start there. A start that
 cannot be placed at the policy's k starts at the largest allowed k' < k that can be placed and runs the
 same batch (``start_smaller``; off for gang-scheduled policies such as ``static``), else waits. A grow
-that cannot be placed is left for a later cycle (its GPUs go to the starts placed after it). A shrink always
-fits in the GPUs it frees.
+or move that cannot be placed is tried again after the later grows and moves (one of them may leave the
+node it needs), and if it still has no place is left for a later cycle (its GPUs go to the starts placed
+after it) and named in ``Plan.blocked``, so that the cycle can solve again without it
+(``enact.run_cycle``). A shrink always fits in the GPUs it frees.
 
 Placement: ``nodes`` and GPUs per node follow :meth:`ElasticSpec.placement` (k <= node size on one
 node, larger k on whole nodes), unless the policy already gave a node count.
@@ -202,6 +204,9 @@ class Plan:
     actions: tuple[Action, ...]
     committed_gpus: int  # GPUs committed once every planned action is done
     deferred: int = 0  # actions the policy wanted that the rules held back this cycle
+    # running jobs whose grow or move found no place on the nodes, or no GPUs by the count, this cycle:
+    # the cycle may re-solve with them kept at their size (enact.run_cycle)
+    blocked: frozenset = frozenset()
 
     def of_kind(self, kind: str) -> list[Action]:
         return [a for a in self.actions if a.kind == kind]
@@ -377,6 +382,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     throttled = 0  # grows max_in_flight deferred
     unplaced: set = set()  # starts and grows that found no placement
     gated = False  # a start or grow the count turned away
+    blocked: set = set()  # running jobs whose grow or move found no place or no GPUs by the count (Plan.blocked)
     placer = _Placer(node_free, node_size) if node_free is not None else None
     pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
     # urgent: jobs on GPUs reserved for a rigid job (pools.py): a shrink is not deferred
@@ -459,6 +465,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
         if (a.gpus > v.gpus or moved) and v.job_id in skip:
             actions[v.job_id] = Leave(v.job_id, f"no placement for {a.gpus} GPUs")
             deferred += 1
+            blocked.add(v.job_id)
             continue
         (shrinks if a.gpus < v.gpus and not moved else grows).append(_Pending(v, a, i))
 
@@ -542,16 +549,19 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             continue
         committed += p.alloc.gpus  # reserved here; what it is placed at is settled below
         admitted.append(p)
-    for p in grows:
+    def place_grow(p: _Pending) -> bool | None:
+        """A grow or move: True made, False no placement on the map now, None turned away otherwise."""
+        nonlocal committed, deferred, throttled, gated, in_flight
         v, a = p.view, p.alloc
         if committed + a.gpus - v.gpus > capacity:
             actions[v.job_id] = Leave(v.job_id, "waiting for GPUs")
             deferred += 1
             gated = True
-            continue
+            blocked.add(v.job_id)
+            return None
         if not take_slot(p):  # before the map: a deferred grow must not hold its target's GPUs there
             throttled += 1
-            continue
+            return None
         if placer is not None:
             placer.scope(pool_by.get(a.pool))
             placer.give_back(v.nodes, v.gpus_per_node)
@@ -562,11 +572,29 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
                 deferred += 1
                 unplaced.add(v.job_id)
                 in_flight -= 1  # its slot back
-                continue
+                return False
         committed += a.gpus - v.gpus
         d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
                                    **_pin(a, v, pool_by))
+        return True
+
+    # A grow that found no place may find one once a later move has left its nodes (found on Sia's
+    # cluster: a move onto the T4s that a shrink and a lower-priority move were vacating was turned away,
+    # and the GPUs those left idled for a cycle while a job waited): tried again while any is made.
+    retry = [p for p in grows if place_grow(p) is False]
+    while retry:
+        left = []
+        for p in retry:
+            deferred -= 1
+            unplaced.discard(p.view.job_id)
+            blocked.discard(p.view.job_id)
+            if place_grow(p) is False:
+                left.append(p)
+        if len(left) == len(retry):
+            break
+        retry = left
+    blocked |= {p.view.job_id for p in retry}
     resized = tuple(a.job_id for a in actions.values() if a.kind == "resize") if placer is not None else ()
     for p in sorted(admitted, key=lambda p: -p.alloc.gpus):  # largest first: a 1-GPU start takes no node a larger one needs
         v, a = p.view, p.alloc
@@ -596,7 +624,8 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     # (released by the enactor once the resizes they follow are placed).
     rank = {"hold": 0, "preempt": 0, "resize": 1, "start": 3, "leave": 4}
     ordered = tuple(sorted(ordered, key=lambda x: rank[x.kind] + (1 if x.kind == "resize" and not x.is_shrink else 0)))
-    return _Pass(Plan(actions=ordered, committed_gpus=committed, deferred=deferred),
+    return _Pass(Plan(actions=ordered, committed_gpus=committed, deferred=deferred,
+                      blocked=frozenset(j for j in blocked if actions[j].kind == "leave")),
                  placer.free if placer is not None else {}, throttled, frozenset(unplaced), gated)
 
 

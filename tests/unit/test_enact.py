@@ -437,3 +437,59 @@ def test_a_start_that_follows_resizes_is_released_once_they_are_placed():
     assert set(e.waiting) == {11}
     e.apply([])
     assert not e.waiting
+
+
+def test_a_grow_with_no_place_is_kept_at_its_size_and_the_cycle_solves_again_for_the_idle_gpus():
+    """Issue 23 item 7 (found on Sia's cluster): the allocation grew a job onto GPUs it could not be
+    placed on this cycle, and the GPUs it counted on idled while a job that fitted them waited. The cycle
+    solves again with that job kept at its size; the second answer is kept when it commits more GPUs."""
+    from slurm_elastic.backends.base import JobRecord, NodeRecord
+    from slurm_elastic.enact import CycleState, run_cycle
+    from slurm_elastic.policies.base import Allocation, JobAllocation, Policy
+    from slurm_elastic.profiles import load_profile
+
+    spec = "elastic:min_gpus=1,max_gpus=8,min_batch=32,max_batch=256,max_local_batch=64"
+
+    class Cluster(Recorder):
+        def list_jobs(self):
+            run = dict(state="RUNNING", gpus_per_node=2, node_count=1, comment=spec, user="u", partition="gpu")
+            return [JobRecord(job_id=1, name="a", gpus_total=2, nodes=("n1",), **run),
+                    JobRecord(job_id=2, name="c", gpus_total=2, nodes=("n2",), **run),
+                    JobRecord(job_id=3, name="b", state="PENDING", user="u", partition="gpu", gpus_total=0,
+                              gpus_per_node=0, node_count=1, nodes=(), comment=spec, held=True)]
+
+        def list_nodes(self):
+            return [NodeRecord(n, "MIXED", (), 4, 2, 8, ("gpu",)) for n in ("n1", "n2")]
+
+    class Asks(Policy):  # job 1 to 6 GPUs (3 + 3 on two nodes: n2 has 2 free), unless it is kept
+        name = "asks"
+
+        def __init__(self):
+            self.seen = []
+
+        def allocate(self, problem):
+            kept = {r.job_id for r in problem.jobs if r.frozen}
+            self.seen.append(kept)
+            def a(j, g):
+                return JobAllocation(j, g, batch=32 * g, local_batch=32)
+            if 1 in kept:
+                return Allocation({1: a(1, 2), 2: a(2, 2), 3: a(3, 2)}, policy=self.name)
+            return Allocation({1: a(1, 6), 2: a(2, 2), 3: a(3, 0)}, policy=self.name)
+
+    be, pol = Cluster(), Asks()
+    res = run_cycle(be, pol, Enactor(be), CycleState(), model_for=lambda j, s: load_profile("cifar10"), now=0.0)
+    assert pol.seen == [set(), {1}]
+    got = {a.job_id: (a.kind, getattr(a, "gpus", None)) for a in res.plan.actions}
+    assert got == {1: ("leave", None), 2: ("leave", None), 3: ("start", 2)}, res.plan.actions
+    assert res.plan.committed_gpus == 6 and res.allocation.jobs[3].gpus == 2  # was: 4, with 4 GPUs idle
+    assert res.allocation.jobs[1].reason.startswith("kept at its size this cycle: 6 GPUs found no placement")
+    # a second answer that commits no more is not taken: job 1's grow waits, as the policy chose
+    class Stays(Asks):
+        def allocate(self, problem):
+            self.seen.append({r.job_id for r in problem.jobs if r.frozen})
+            a = lambda j, g: JobAllocation(j, g, batch=32 * g, local_batch=32)  # noqa: E731
+            return Allocation({1: a(1, 6), 2: a(2, 2), 3: a(3, 0)}, policy=self.name)
+
+    pol = Stays()
+    res = run_cycle(be, pol, Enactor(be), CycleState(), model_for=lambda j, s: load_profile("cifar10"), now=0.0)
+    assert pol.seen == [set(), {1}] and res.plan.committed_gpus == 4 and res.plan.blocked == {1}

@@ -279,3 +279,29 @@ def test_a_start_the_count_turned_away_is_made_when_the_one_counted_first_does_n
     by = {x.job_id: x for x in p.actions}
     assert by["a"].kind == "leave" and by["a"].reason == "waiting for a placement of 4 GPUs"
     assert by["b"].kind == "start" and by["b"].gpus == 2 and p.committed_gpus == 2  # was: b waited, 4 idle
+
+
+def test_a_grow_is_placed_on_the_node_a_later_move_leaves_and_what_cannot_be_placed_is_reported():
+    """Found on Sia's cluster: a grow counted first needed the node a lower-priority job was moving off
+    (to another GPU type); placed in priority order it found no node, and the node the move then left
+    idled for a cycle. A grow that found no place is tried again once the later moves are placed. One
+    that still has none is reported in ``Plan.blocked`` (the cycle may re-solve without it)."""
+    from slurm_elastic.policies.base import Pool
+
+    pools = (Pool("t4", "t4", ("gpu",), (("n0", 4), ("n1", 4)), 4), Pool("a100", "a100", ("gpu",), (("n2", 4),), 4))
+    jobs = [pl.JobView("g", pl.RUNNING, 2, 8, 1.0, SPEC, ("n0",), 2),  # g first in priority order
+            pl.JobView("x", pl.RUNNING, 2, 8, 1.0, SPEC, ("n0",), 2),
+            pl.JobView("m", pl.RUNNING, 4, 8, 1.0, SPEC, ("n1",), 4)]
+    free = {"n0": 0, "n1": 0, "n2": 4}
+
+    def to(**where):
+        return Allocation({j: JobAllocation(j, g, batch=8, local_batch=8 // g, pool=p) for j, (g, p) in where.items()})
+
+    a = to(g=(4, "t4"), x=(2, "t4"), m=(4, "a100"))  # g to 4 on one node: only n1, which m leaves for n2
+    p = pl.plan(a, jobs, {}, 0.0, capacity=12, node_size=4, node_free=free, pools=pools)
+    assert kinds(p) == {"g": ("resize", 4), "x": ("leave", None), "m": ("resize", 4)}
+    assert p.committed_gpus == 10 and not p.blocked  # was: g left, 8 committed, n1 idle
+    # m stays: g has no node for 4 GPUs and says so
+    a = to(g=(4, "t4"), x=(2, "t4"), m=(4, "t4"))
+    p = pl.plan(a, jobs, {}, 0.0, capacity=12, node_size=4, node_free=free, pools=pools)
+    assert kinds(p)["g"] == ("leave", None) and p.blocked == {"g"} and p.committed_gpus == 8
