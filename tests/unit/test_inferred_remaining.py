@@ -53,7 +53,32 @@ def test_a_job_left_out_of_one_call_is_not_an_ended_one():
     h2 = SizeHistory(keep=2)
     for i in range(4):
         h2.observe([_run(i, "ncf", 10.0 * (i + 1))])
-    assert h2.remaining_gpu_s("", "ncf", 0.0) == pytest.approx(25.0)  # the last 2 ended (20, 30) kept
+    # the last 2 ended (20, 30) kept, and job 3 runs at 40 (a size of at least 40): Kaplan-Meier
+    # 20 x 1 + 10 x 2/3 + 10 x 1/3 = 30 (25 from the ended two alone)
+    assert h2.remaining_gpu_s("", "ncf", 0.0) == pytest.approx(30.0)
+
+
+def test_running_jobs_of_the_model_count_as_sizes_at_least_their_service():
+    """The first jobs of a model to end are its short ones: estimated from them alone, a new job of a
+    model whose long jobs are still running looks short. Those jobs count, right-censored at the
+    GPU-seconds they have had (Kaplan-Meier); with none running the estimate is the plain mean residual
+    life of the ended sizes."""
+    h = SizeHistory()
+    h.observe([_run(1, "bert", 100.0), _run(2, "bert", 900.0), _run(3, "bert", 900.0)])
+    h.observe([_run(2, "bert", 1000.0), _run(3, "bert", 1000.0)])  # 1 ended at 100; 2 and 3 run on
+    # S = 2/3 from 100 up to 1000 (the largest observation): 100 + 900 x 2/3 = 700 (100 from job 1 alone)
+    assert h.remaining_gpu_s("", "bert", 0.0) == pytest.approx(700.0)
+    assert h.remaining_gpu_s("", "bert", 50.0) == pytest.approx(650.0)  # 50 + 900 x 2/3
+    assert h.remaining_gpu_s("", "bert", 400.0) is None  # past every ended size: ranked by its service
+    h.observe([_run(3, "bert", 1100.0)])  # 2 ended at 1000
+    # ended 100, 1000; 3 at >= 1100: S = 2/3 on [100, 1000), 1/3 on [1000, 1100]
+    assert h.remaining_gpu_s("", "bert", 0.0) == pytest.approx(100 + 900 * 2 / 3 + 100 / 3)
+    assert h.remaining_gpu_s("", "bert", 1000.0) is None  # outlived every ended one: no estimate (LAS then)
+    h.observe([])  # 3 ended at 1100: every size seen, the plain mean
+    assert h.remaining_gpu_s("", "bert", 0.0) == pytest.approx((100 + 1000 + 1100) / 3)
+    # another user's running jobs are not this user's sizes (the history and its censoring are per user)
+    h.observe([replace(_run(4, "bert", 5e4), user="bob")])
+    assert h.remaining_gpu_s("", "bert", 0.0) == pytest.approx((100 + 1000 + 1100) / 3)
 
 
 def test_dp_ranks_jobs_that_report_nothing_by_what_their_models_ran():
