@@ -28,13 +28,14 @@ class DPPolicy(Policy):
     * ``"completion"`` (default): goodput tables, each job's speedup weighted by its SRPT rank (the
       number of jobs expected to finish no earlier; see :func:`~slurm_elastic.policies._candidates._scale`).
       The rank needs the work jobs have left; a job that reports none is ranked by what jobs of its model
-      that ended had left at its attained GPU-seconds (``infer``, default on; mean residual life,
-      :mod:`~slurm_elastic.policies._sizes`; nothing the job claims counts). When fewer than half of the
+      had left at its attained GPU-seconds (``infer``, default on; mean residual life over the sizes its
+      ended jobs ran and its running ones' service so far, :mod:`~slurm_elastic.policies._sizes`; nothing
+      the job claims counts). When fewer than half of the
       jobs have a reported or inferred remaining work, ranks would be mostly guesses, and ``unranked`` says
       what values them instead: ``"pnorm"`` (default; Pollux's p-norm of speedups over each job's minimum,
       which needs no ranks) or ``"las"`` (rank by attained service, as Tiresias). Measured on the Pollux
-      workloads 1-5 with no job reporting progress: average JCT 0.686 / 1.435 h at 1x / 2x (inferred)
-      against 0.702 / 1.531 h (nothing inferred, pnorm) (docs/EVALUATION.md section 3);
+      workloads 1-5 with no job reporting progress: average JCT 0.670 / 1.448 h at 1x / 2x (inferred)
+      against 0.700 / 1.523 h (nothing inferred, pnorm) (docs/EVALUATION.md section 3);
     * ``"goodput"``: total weighted goodput speedup (throughput x statistical efficiency);
     * ``"pnorm"``: Pollux's p-norm (p = -1) of goodput speedups;
     * ``"throughput"``: the paper's total weighted speedup of samples/s (no statistical efficiency).
@@ -146,7 +147,7 @@ class DPPolicy(Policy):
         return "completion" if 2 * known >= len(problem.jobs) else "pnorm"
 
     def _inferred(self, problem: AllocationProblem) -> dict[int, float]:
-        """Job index -> GPU-seconds left, inferred from ended jobs of its model, for jobs that report none
+        """Job index -> GPU-seconds left, inferred from its model's ended and running jobs, for jobs that report none
         (``infer``; policies/_sizes)."""
         if self.sizes is None:
             return {}

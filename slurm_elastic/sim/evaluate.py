@@ -40,8 +40,8 @@ POLLUX_PUBLISHED = {"workloads": (0.580, 0.923, 0.608, 0.756, 0.743),
 PEERS = ("dp", "pollux-dp", "fixed-batch", "tiresias", "static")
 VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput speedups)"),
             ("dp:objective=pnorm", "dp, objective pnorm (p = -1, speedup over minimum)"),
-            ("dp:noprogress", "dp (completion) when jobs report no progress (work left inferred from ended jobs of "
-                              "their model)"),
+            ("dp:noprogress", "dp (completion) when jobs report no progress (work left inferred from the ended "
+                              "and running jobs of their model)"),
             ("dp:infer=0,noprogress", "dp when jobs report no progress, nothing inferred (p-norm of speedups then)"),
             ("dp:infer=0,unranked=las,noprogress", "dp when jobs report no progress, nothing inferred: ranked by "
                                                    "attained service"),
@@ -61,7 +61,7 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
 
 # When no job reports the work it has left (a user's loop that does not say its dataset size and
 # epochs; a simulator that passes no progress): what `completion` falls back to, at both loads.
-NO_PROGRESS = (("dp:noprogress", "work left inferred from ended jobs of the model (default; policies/_sizes)"),
+NO_PROGRESS = (("dp:noprogress", "work left inferred from the model's ended and running jobs (default; policies/_sizes)"),
                ("dp:infer=0,noprogress", "nothing inferred: p-norm of speedups over the minimum (before)"),
                ("dp:infer=0,unranked=las,noprogress", "nothing inferred: completion ranked by attained service (LAS)"))
 
@@ -532,9 +532,10 @@ per-job terms, so the DP is exact). Ranks age: a job ranks as if it had 4 s less
 its submission, by at most 97% of what it has left (`age_credit`, `credit_cap`), so a job that has waited
 is passed only by jobs with less than 3% of its remaining work: what short jobs may take from long ones
 is bounded (p95 JCT), while a new short job still passes an old long one (finish-time fairness). A job
-that reports no work left is ranked by what jobs of its model (its spec's `profile`) that ended had
-left at its attained GPU-seconds (`E[S - a | S > a]`, mean residual life, `policies/_sizes.py`; nothing
-it claims counts: one that outlives them all is ranked by attained service). When fewer than half of
+that reports no work left is ranked by what jobs of its model (its spec's `profile`) had left at its
+attained GPU-seconds (`E[S - a | S > a]`, mean residual life, `policies/_sizes.py`: the sizes its ended
+jobs ran, and its running jobs' service as sizes at least that much, Kaplan-Meier; nothing it claims
+counts: one that outlives every ended one is ranked by attained service). When fewer than half of
 the jobs have a reported or inferred remaining work the ranks would be mostly guesses, and the values
 are the p-norm (p = -1) of speedups over each job's minimum instead (`dp:infer=0` infers nothing; the
 table after the verdict compares these). Admission is `joint`:
