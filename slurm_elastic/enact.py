@@ -43,7 +43,7 @@ from typing import Protocol, runtime_checkable
 
 from slurm_elastic import planner as pl
 from slurm_elastic.backends.base import JobNotRequeueable, SlurmBackend, SlurmError
-from slurm_elastic.policies.base import Allocation, Policy
+from slurm_elastic.policies.base import Allocation, JobAllocation, Policy
 from slurm_elastic.problem import ModelFor, Snapshot, SpecCache, build_problem
 
 
@@ -346,6 +346,15 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
 RESOLVES = 2  # solves after the first, at most, when a grow or move the planner could not make left GPUs idle
 
 
+def _kept_why(a: JobAllocation, planner_reason: str) -> str:
+    """The reason a job kept at its size for a re-solve shows: what it was to get and why it could not."""
+    where = f" in {a.pool}" if a.pool else ""
+    what = "no place on the nodes yet" if planner_reason.startswith("no placement") else \
+        "GPUs still held by other jobs"
+    return (f"kept at its size this cycle: its {a.gpus} GPUs{where} had {what}; the others were solved again "
+            f"for the GPUs that would idle")
+
+
 def run_cycle(
     backend: SlurmBackend,
     policy: Policy,
@@ -409,6 +418,7 @@ def run_cycle(
         alloc = policy.allocate(snap.problem)
     else:
         alloc = Allocation(policy=getattr(policy, "name", ""))
+
     def plan_for(a: Allocation) -> pl.Plan:
         return pl.plan(
             a, snap.views, state.books, now, capacity=snap.capacity, node_size=snap.node_size,
@@ -419,6 +429,7 @@ def run_cycle(
 
     the_plan = plan_for(alloc)
     kept: frozenset = frozenset()
+    why: dict = {}  # job kept at its size -> the reason it shows
     for _ in range(RESOLVES):
         if not the_plan.blocked or the_plan.committed_gpus >= snap.capacity:
             break
@@ -427,18 +438,18 @@ def run_cycle(
         # with those jobs kept at their size, so the GPUs go to jobs that can take them now (found on
         # Sia's cluster: a move waiting for another's nodes left 4-8 GPUs idle for 1-3 cycles while jobs
         # that fitted waited). Kept when it commits more GPUs.
-        why = {a.job_id: f"kept at its size this cycle: {alloc.jobs[a.job_id].gpus} GPUs found {a.reason}; "
-                         f"the others solved again for the GPUs that would idle"
-               for a in the_plan.actions if a.job_id in the_plan.blocked and a.job_id in alloc.jobs}
+        why.update({a.job_id: _kept_why(alloc.jobs[a.job_id], a.reason)
+                    for a in the_plan.actions if a.job_id in the_plan.blocked and a.job_id in alloc.jobs})
         kept = kept | the_plan.blocked
         again = replace(snap.problem, jobs=tuple(replace(r, frozen=True) if r.job_id in kept else r
                                                  for r in snap.problem.jobs))
         alloc2 = policy.allocate(again)
+        alloc2 = replace(alloc2, jobs={j: replace(a, reason=why[j]) if j in why and a.gpus > 0 else a
+                                       for j, a in alloc2.jobs.items()})
         plan2 = plan_for(alloc2)
         if plan2.committed_gpus <= the_plan.committed_gpus:
             break
-        alloc = replace(alloc2, jobs={j: replace(a, reason=why[j]) if j in why else a for j, a in alloc2.jobs.items()})
-        the_plan = plan2
+        alloc, the_plan = alloc2, plan2
     the_plan = _exclude_reserved(the_plan, snap.kept_for_rigid.by_node, enactor)
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).

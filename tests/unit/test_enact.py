@@ -482,7 +482,8 @@ def test_a_grow_with_no_place_is_kept_at_its_size_and_the_cycle_solves_again_for
     got = {a.job_id: (a.kind, getattr(a, "gpus", None)) for a in res.plan.actions}
     assert got == {1: ("leave", None), 2: ("leave", None), 3: ("start", 2)}, res.plan.actions
     assert res.plan.committed_gpus == 6 and res.allocation.jobs[3].gpus == 2  # was: 4, with 4 GPUs idle
-    assert res.allocation.jobs[1].reason.startswith("kept at its size this cycle: 6 GPUs found no placement")
+    assert res.allocation.jobs[1].reason.startswith("kept at its size this cycle: its 6 GPUs had no place on the")
+    assert res.plan.actions[[a.job_id for a in res.plan.actions].index(1)].reason == res.allocation.jobs[1].reason
     # a second answer that commits no more is not taken: job 1's grow waits, as the policy chose
     class Stays(Asks):
         def allocate(self, problem):
