@@ -62,8 +62,7 @@ class SizeHistory:
         for jid, (key0, _) in now.items():
             if jid not in self._seen:
                 for key in (key0, (key0[0], ALL)):
-                    if self._ended.get(key, {}).pop(jid, None) is not None:
-                        self._curves.pop(key, None)
+                    self._ended.get(key, {}).pop(jid, None)
         for jid, (key0, gpu_s) in self._seen.items():
             if jid not in now:
                 for key in (key0, (key0[0], ALL)):
@@ -77,11 +76,10 @@ class SizeHistory:
                     q[jid] = gpu_s
                     if len(q) > self.keep:
                         q.popitem(last=False)
-                    self._curves.pop(key, None)
         while len(self._ended) > MAX_KEYS:
             self._drop(next(iter(self._ended)))
         self._seen = now
-        self._live, self._curves = None, {}  # the running jobs' service moved on: curves anew
+        self._live, self._curves = None, {}  # ended sizes and running jobs' service moved on: curves anew
 
     def _use(self, key: tuple) -> None:
         """``key`` was used last: the last of its user's keys to go."""
@@ -92,7 +90,6 @@ class SizeHistory:
 
     def _drop(self, key: tuple) -> None:
         del self._ended[key]
-        self._curves.pop(key, None)
         d = self._mine.get(key[0])
         if d is not None and key[1] != ALL:
             d.pop(key[1], None)
