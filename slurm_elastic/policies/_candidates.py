@@ -346,9 +346,10 @@ def choice_values(objective: str, speedup: np.ndarray, scale: np.ndarray, runs: 
       total weighted goodput speedup);
     * ``pnorm``: ``weight x (1 - speedup^p)``, p < 0 (Pollux's fairness: maximising the power mean of
       speedups with p < 0 is minimising the sum of ``speedup^p``); 0 GPUs is worth ``-inf``-like 0 - 1e6;
-    * ``completion``: ``weight x speedup x horizon / remaining_s`` -- the rate at which the job's
-      remaining work is done (heSRPT-like: a GPU goes where it finishes the most of what is left, so
-      short jobs finish first while every admitted job keeps its minimum: no starvation).
+    * ``completion``: ``weight x rank x speedup``, ``rank`` the job's SRPT rank from :func:`_scale`
+      (heSRPT's weighting: a second of a job's progress is worth as many seconds of total completion
+      time as jobs finish no earlier, so short jobs finish first while every admitted job keeps its
+      minimum: no starvation).
     ``speedup`` is already net of the restart penalty.
     """
     s = np.maximum(speedup, 0.0)

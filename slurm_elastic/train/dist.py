@@ -41,6 +41,8 @@ from .slurm_env import SlurmEnv
 
 NONCE_KEY = "slurm_elastic/nonce"
 CLOCK_SKEW_S = 10.0
+# Seconds between leaving the process group and exiting: see leave_process_group.
+LEAVE_SETTLE_S = 0.2
 
 
 class RendezvousError(RuntimeError):
@@ -202,3 +204,19 @@ def init_distributed(
             ) from e
     dist.init_process_group(backend, store=store, rank=senv.rank, world_size=senv.world_size, timeout=timeout)
     return DistContext(senv.rank, senv.local_rank, senv.world_size, backend, device, addr, port, store, rdzv_file)
+
+
+def leave_process_group() -> None:
+    """``dist.destroy_process_group()``, then a short wait before this task may exit.
+
+    Why: destroying the group leaves gloo's worker threads running while a DDP module still holds it,
+    and a worker frees a finished collective only after waking the thread that waited for it; freeing a
+    tensor Python has seen takes the GIL. Should this thread go straight on to exit, it holds the GIL
+    into interpreter finalization, the worker then gets it only to be exited, and the task aborts
+    ("terminate called without an active exception", exit 134 where 75 or 0 was due: seen in CI; the
+    core dump shows ``~AsyncBarrierWork`` in ``ProcessGroupGloo::runLoop`` taking the GIL during
+    ``Py_FinalizeEx``). Sleeping releases the GIL, so the workers finish first;
+    ``benchmarks/exit_aborts.py`` counts the aborts with and without the wait (docs/MEASUREMENTS.md).
+    """
+    dist.destroy_process_group()
+    time.sleep(LEAVE_SETTLE_S)

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from . import oom, protocol
 from .assignment import Assignment, AssignmentError, resolve_assignment
 from .checkpoint import clean_stale_tmp, load_checkpoint, save_checkpoint
-from .dist import DistContext, init_distributed
+from .dist import DistContext, init_distributed, leave_process_group
 from .lock import acquire_rank0_lock, release_rank0_lock
 from .lr import LRScaler
 from .noise import GradientNoise
@@ -806,7 +806,7 @@ class ElasticJob:
             if self.rank == 0 and self.ctx and self.ctx.rdzv_file is not None:
                 with contextlib.suppress(OSError):
                     self.ctx.rdzv_file.unlink()
-            dist.destroy_process_group()
+            leave_process_group()
         release_rank0_lock(self._lock_fd)
         self._lock_fd = None
 

@@ -111,12 +111,15 @@ def _ddp_worker(rank, world, init, truth, out):
     run_steps(noise, lin.weight, v, batch=64, local=16, rank=rank, world=world, ddp=ddp)
     if rank == 0:
         out.put(noise.noise_scale)
-    # As the library's own teardown: both ranks done before the group goes, and the DDP reducer (which
-    # holds the group) gone first. Without it, CI once saw both ranks abort at exit ("terminate called
-    # without an active exception", exit -6) after the estimate had been sent.
+    # As the library's own teardown (slurm_elastic.train.dist.leave_process_group): both ranks done
+    # before the group goes, and a pause before exit for gloo's workers to free their last collectives.
+    # Without it, CI saw ranks abort at exit ("terminate called without an active exception", exit -6)
+    # after the estimate had been sent.
+    from slurm_elastic.train.dist import leave_process_group
+
     dist.barrier()
     del ddp
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def test_two_gloo_ranks_with_ddp_find_the_true_noise_scale(tmp_path):

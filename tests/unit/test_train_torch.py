@@ -127,3 +127,49 @@ def test_master_address_and_derived_port():
     ports = {derived_port("9", r, "0") for r in range(50)}
     assert all(20000 <= p < 60000 for p in ports) and len(ports) > 40  # restarts get other ports
     assert derived_port("9", 1, "0") == derived_port("9", 1, "0")
+
+
+def test_leaving_the_group_lets_other_threads_take_the_gil_before_the_task_may_exit(tmp_path, monkeypatch):
+    """A gloo worker that frees its last collective needs the GIL: leave_process_group must release it
+    (a sleep) after destroying the group, or the exiting task can abort in finalization (exit 134)."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    import slurm_elastic.train.dist as tdist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    dist.barrier()
+    ran_during = []
+    waiting, returned = threading.Event(), threading.Event()
+
+    def other():  # stands in for the gloo worker: it runs once the exiting thread lets go of the GIL
+        waiting.wait()
+        ran_during.append((dist.is_initialized(), returned.is_set()))
+
+    t = threading.Thread(target=other)
+    t.start()
+    sleeps = []
+    real_sleep = tdist.time.sleep
+
+    def sleep(s):
+        sleeps.append((s, dist.is_initialized()))
+        waiting.set()
+        real_sleep(s)
+
+    monkeypatch.setattr(tdist.time, "sleep", sleep)
+    try:
+        tdist.leave_process_group()
+        left = not dist.is_initialized()
+    finally:
+        returned.set()
+        waiting.set()
+        monkeypatch.undo()
+        t.join(timeout=10)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert left
+    assert sleeps == [(tdist.LEAVE_SETTLE_S, False)] and tdist.LEAVE_SETTLE_S > 0  # the pause, after the destroy
+    assert ran_during == [(False, False)]  # the other thread ran after the destroy, before the return
