@@ -103,14 +103,18 @@ def main() -> int:
         h.start()
     codes: Counter[int] = Counter()
     t0 = time.monotonic()
-    for i in range(a.runs):
-        with tempfile.TemporaryDirectory(prefix="exit-aborts-") as tmp:
-            rcs = one_run(a.world, a.settle, Path(tmp), a.timeout)
-        codes.update(rcs)
-        bad = [rc for rc in rcs if rc != 75]
-        print(f"run {i + 1}/{a.runs}: exit statuses {rcs}" + (f"  <- {len(bad)} not 75" if bad else ""), flush=True)
-    for h in hogs:
-        h.kill()
+    try:
+        for i in range(a.runs):
+            with tempfile.TemporaryDirectory(prefix="exit-aborts-") as tmp:
+                rcs = one_run(a.world, a.settle, Path(tmp), a.timeout)
+            codes.update(rcs)
+            bad = [rc for rc in rcs if rc != 75]
+            print(f"run {i + 1}/{a.runs}: exit statuses {rcs}" + (f"  <- {len(bad)} not 75" if bad else ""),
+                  flush=True)
+    finally:
+        for h in hogs:  # only the processes this run started
+            h.kill()
+            h.join()
     n = sum(codes.values())
     print(f"settle {a.settle}: {n - codes[75]} of {n} task exits were not 75 "
           f"({dict(sorted(codes.items()))}) in {time.monotonic() - t0:.0f} s")
