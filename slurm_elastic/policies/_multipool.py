@@ -620,7 +620,7 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         pool = problem.pools[i].name
         why = a.reason + (f"; pool {pool}" if a.gpus else "")
         if a.gpus and q.home and q.home.get(j, i) != i:
-            why += f" (moved from {problem.pools[q.home[j]].name}: a restart)"
+            why = _move_reason(req, a, problem.pools[q.home[j]].name, pool, problem.node_size)
         there = dict(req.pool_models).get(pool) if a.gpus and req.pool_models else None
         if getattr(there, "provenance", None):  # where its speed on this type comes from (issue 23)
             why += f" (speed on {problem.pools[i].gpu_type}: {there.provenance})"
@@ -629,6 +629,27 @@ def allocate_pools(problem: AllocationProblem, candidates, *, admission: str = "
         out[req.job_id] = JobAllocation(a.job_id, a.gpus, a.nodes, a.batch, a.local_batch, a.accum,
                                         a.samples_per_s, why, pool if a.gpus else "")
     return Allocation(out, obj, time.perf_counter() - t0, name, bound=max(bound, obj))
+
+
+def _move_reason(req, a: JobAllocation, home: str, pool: str, node_size: int) -> str:
+    """A running job's move, as its owner reads it: from where and how many GPUs to where and how many,
+    what its samples/s do by its models, then why this size there (the pool's own reason, whose
+    "admitted" is the move's start there). A move to fewer GPUs that runs slower says its GPUs went to
+    other jobs (found on Sia's cluster: "admitted: 2 GPUs" for a job moved off 16 T4s read as a start)."""
+    from slurm_elastic.policies._tables import current_samples_per_s
+
+    was = current_samples_per_s(req, node_size)
+    change = ""
+    if was and a.samples_per_s > 0:
+        pct = 100.0 * (a.samples_per_s / was - 1.0)
+        change = f": {pct:+.0f}% samples/s"
+        if pct < 0:
+            change += ", its GPUs to higher-value jobs"
+    def gpus(k: int) -> str:
+        return f"{k} GPU{'' if k == 1 else 's'}"
+    there = a.reason.removeprefix("admitted: ")
+    return (f"moved from {home} ({gpus(req.running_gpus)}) to {pool} ({gpus(a.gpus)}){change}, a restart; "
+            f"there: {there}")
 
 
 FILL_TRIES = 16  # re-solves at most per allocation (_fill_pools)

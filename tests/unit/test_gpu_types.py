@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from sim_helpers import LinearModel, toy_spec
@@ -84,6 +85,26 @@ def test_running_job_moves_to_the_fast_type_when_it_frees():
     back = rec(1, "RUNNING", nodes=("a1",), part="a100", admin=rz.decision.to_admin_comment())
     q2 = snap([back]).problem.jobs[0]
     assert q2.pool == "a100:a100" and q2.pools == ("a100:a100", "t4:t4")
+
+
+def test_a_move_says_from_where_to_where_and_what_it_does_to_the_job():
+    """status shows a move as a move: the pool's own reason began "admitted: 4 GPUs", which read as a
+    start (on Sia's cluster a job moved off 16 T4s onto 2 RTX showed only "admitted: 2 GPUs")."""
+    running = rec(1, "RUNNING", nodes=("t1",), admin=Decision(4, 1, 16, 4).to_admin_comment())
+    a = DPPolicy().allocate(snap([running]).problem).jobs[1]
+    gain = 100.0 * (TYPE_SPEED["a100"] - 1.0)
+    assert a.pool == "a100:a100" and a.gpus == 4
+    assert a.reason.startswith(f"moved from t4:t4 (4 GPUs) to a100:a100 (4 GPUs): {gain:+.0f}% samples/s, "
+                               "a restart; there: 4 GPUs"), a.reason
+    assert "admitted" not in a.reason and "higher-value" not in a.reason
+    # a move that runs it slower (fewer GPUs of a faster type) says where its GPUs went
+    from slurm_elastic.policies._multipool import _move_reason
+
+    req = snap([running]).problem.jobs[0]
+    slower = replace(a, gpus=1, samples_per_s=0.1 * a.samples_per_s, reason="admitted: 1 GPU (its minimum)")
+    why = _move_reason(req, slower, "t4:t4", "a100:a100", 4)
+    assert why.startswith("moved from t4:t4 (4 GPUs) to a100:a100 (1 GPU): ") and \
+        "% samples/s, its GPUs to higher-value jobs, a restart; there: 1 GPU (its minimum)" in why, why
 
 
 def test_a_move_pays_its_restart():
