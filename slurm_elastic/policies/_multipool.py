@@ -44,9 +44,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba import njit
 
-from slurm_elastic.policies._candidates import ADMITTED, NOT_ADMITTED, OPTIONAL, Candidates, build_allocation
+from slurm_elastic.policies._candidates import (
+    ADMITTED,
+    NOT_ADMITTED,
+    OPTIONAL,
+    Candidates,
+    _plural,
+    build_allocation,
+)
 from slurm_elastic.policies._mckp import mckp
 from slurm_elastic.policies._placement import _replay, _shape, solve_placeable, start_map
+from slurm_elastic.policies._tables import current_samples_per_s, pct
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation
 
 REQUIRED, FREE = 1, 2  # a job's standing in Q: must get its minimum somewhere / may get nothing
@@ -636,19 +644,12 @@ def _move_reason(req, a: JobAllocation, home: str, pool: str, node_size: int) ->
     what its samples/s do by its models, then why this size there (the pool's own reason, whose
     "admitted" is the move's start there). A move to fewer GPUs that runs slower says its GPUs went to
     other jobs (found on Sia's cluster: "admitted: 2 GPUs" for a job moved off 16 T4s read as a start)."""
-    from slurm_elastic.policies._tables import current_samples_per_s
-
     was = current_samples_per_s(req, node_size)
-    change = ""
-    if was and a.samples_per_s > 0:
-        pct = 100.0 * (a.samples_per_s / was - 1.0)
-        change = f": {pct:+.0f}% samples/s"
-        if pct < 0:
-            change += ", its GPUs to higher-value jobs"
-    def gpus(k: int) -> str:
-        return f"{k} GPU{'' if k == 1 else 's'}"
+    change = f": {pct(a.samples_per_s, was)}" if was and a.samples_per_s > 0 else ""
+    if change and a.samples_per_s < was:
+        change += ", its GPUs to higher-value jobs"
     there = a.reason.removeprefix("admitted: ")
-    return (f"moved from {home} ({gpus(req.running_gpus)}) to {pool} ({gpus(a.gpus)}){change}, a restart; "
+    return (f"moved from {home} ({_plural(req.running_gpus)}) to {pool} ({_plural(a.gpus)}){change}, a restart; "
             f"there: {there}")
 
 
