@@ -9,8 +9,8 @@ is expected to need ``E[S - a | S > a]`` more (mean residual life, the estimate 
 scheduling of jobs of unknown size). The first jobs of a model to end are its short ones, so the jobs of
 the key still running count too, as sizes at least what they have had (right-censored): the distribution
 is Kaplan-Meier's over both, up to the largest of them (measured on the Pollux traces with no job
-reporting its work: average JCT 1.448 h at 2x load against 1.455 h from ended jobs alone, 0.670 / 0.671 h
-at 1x; docs/EVALUATION.md section 3).
+reporting its work, ranks from half the jobs: average JCT 1.448 h at 2x load against 1.455 h from
+ended jobs alone, 0.670 / 0.671 h at 1x; docs/EVALUATION.md section 3).
 
 Nothing a job says buys it a shorter estimate from anyone else's jobs: the history is kept per user and
 model, so a job learns only from its own user's ended jobs of the model it names (naming another user's

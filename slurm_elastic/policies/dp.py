@@ -30,12 +30,14 @@ class DPPolicy(Policy):
       The rank needs the work jobs have left; a job that reports none is ranked by what jobs of its model
       had left at its attained GPU-seconds (``infer``, default on; mean residual life over the sizes its
       ended jobs ran and its running ones' service so far, :mod:`~slurm_elastic.policies._sizes`; nothing
-      the job claims counts). When fewer than half of the
-      jobs have a reported or inferred remaining work, ranks would be mostly guesses, and ``unranked`` says
-      what values them instead: ``"pnorm"`` (default; Pollux's p-norm of speedups over each job's minimum,
-      which needs no ranks) or ``"las"`` (rank by attained service, as Tiresias). Measured on the Pollux
-      workloads 1-5 with no job reporting progress: average JCT 0.670 / 1.448 h at 1x / 2x (inferred)
-      against 0.700 / 1.523 h (nothing inferred, pnorm) (docs/EVALUATION.md section 3);
+      the job claims counts). When fewer than the share ``ranked`` (3/4) of the jobs have a reported or
+      inferred remaining work, the ranks lean on guesses (a job with nothing known ranks as if it had one
+      horizon left), and ``unranked`` says what values them instead: ``"pnorm"`` (default; Pollux's p-norm
+      of speedups over each job's minimum, which needs no ranks) or ``"las"`` (rank by attained service,
+      as Tiresias). Measured on the Pollux workloads 1-5 with no job reporting progress: average JCT
+      0.664 / 1.426 h at 1x / 2x against 0.670 / 1.448 h with ranks from half the jobs (the default
+      before) and 0.700 / 1.523 h with nothing inferred; 3/4 was ahead of 1/2 at every restart cost from
+      10 s to 600 s at both loads and on Sia's eight Philly traces (docs/EVALUATION.md section 3);
     * ``"goodput"``: total weighted goodput speedup (throughput x statistical efficiency);
     * ``"pnorm"``: Pollux's p-norm (p = -1) of goodput speedups;
     * ``"throughput"``: the paper's total weighted speedup of samples/s (no statistical efficiency).
@@ -77,7 +79,7 @@ class DPPolicy(Policy):
                  backoff: float = 0.0, round_trip: bool | str = False, unranked: str = "pnorm",
                  realloc: str = "life", thrash_cap: float = 0.5, rank_cap: float = float("inf"),
                  fills: int = 0, age_credit: float = 4.0, credit_cap: float = 0.97,
-                 infer: bool | str = True):
+                 infer: bool | str = True, ranked: float = 0.75):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = float(restart_margin)
@@ -125,6 +127,9 @@ class DPPolicy(Policy):
         if unranked not in ("pnorm", "las"):
             raise ValueError(f"unranked must be 'pnorm' or 'las', not {unranked!r}")
         self.unranked = unranked
+        self.ranked = float(ranked)
+        if not 0 <= self.ranked <= 1:
+            raise ValueError(f"ranked must be a share in [0, 1], not {ranked!r}")
         self.placement = placement  # re-solve until the allocation places on the nodes (policies/_placement)
 
     def learned(self) -> dict:
@@ -138,13 +143,14 @@ class DPPolicy(Policy):
             self.sizes = SizeHistory.from_json(learned["sizes"], keep=self.sizes.keep, pooled=self.sizes.pooled)
 
     def objective_for(self, problem: AllocationProblem) -> str:
-        """The objective this problem is solved with: ``completion`` falls back to ``pnorm`` when fewer
-        than half of the jobs report the work they have left (with ``unranked="pnorm"``). Not across
-        several pools: p-norm values are per pool there (``_multipool``), blind to a faster GPU type."""
+        """The objective this problem is solved with: ``completion`` falls back to ``pnorm`` when less
+        than the share ``ranked`` of the jobs have a reported or inferred remaining work (with
+        ``unranked="pnorm"``). Not across several pools: p-norm values are per pool there
+        (``_multipool``), blind to a faster GPU type."""
         if self.objective != "completion" or self.unranked != "pnorm" or not problem.jobs or len(problem.pools) > 1:
             return self.objective
         known = len(self._inferred(problem)) + sum(r.remaining_samples is not None for r in problem.jobs)
-        return "completion" if 2 * known >= len(problem.jobs) else "pnorm"
+        return "completion" if known >= self.ranked * len(problem.jobs) else "pnorm"
 
     def _inferred(self, problem: AllocationProblem) -> dict[int, float]:
         """Job index -> GPU-seconds left, inferred from its model's ended and running jobs, for jobs that report none

@@ -62,6 +62,7 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
 # When no job reports the work it has left (a user's loop that does not say its dataset size and
 # epochs; a simulator that passes no progress): what `completion` falls back to, at both loads.
 NO_PROGRESS = (("dp:noprogress", "work left inferred from the model's ended and running jobs (default; policies/_sizes)"),
+               ("dp:ranked=0.5,noprogress", "inferred, ranks once half the jobs have a remaining work (before; default 3/4)"),
                ("dp:infer=0,noprogress", "nothing inferred: p-norm of speedups over the minimum (before)"),
                ("dp:infer=0,unranked=las,noprogress", "nothing inferred: completion ranked by attained service (LAS)"))
 
@@ -167,6 +168,8 @@ def tasks(pollux: str) -> list:
     out += [("goodput", v, "workloads", n, pollux) for v, _ in RESTARTS for n in range(1, 6)]
     out += [("goodput", v, "workloads", n, pollux) for v, _ in VARIANTS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
+    out += [("goodput", v, "workloads", n, pollux) for v, _ in NO_PROGRESS if v not in dict(VARIANTS)
+            for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v in ("dp:age_credit=0", "dp:credit_cap=inf")
             for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
@@ -535,10 +538,10 @@ is bounded (p95 JCT), while a new short job still passes an old long one (finish
 that reports no work left is ranked by what jobs of its model (its spec's `profile`) had left at its
 attained GPU-seconds (`E[S - a | S > a]`, mean residual life, `policies/_sizes.py`: the sizes its ended
 jobs ran, and its running jobs' service as sizes at least that much, Kaplan-Meier; nothing it claims
-counts: one that outlives every ended one is ranked by attained service). When fewer than half of
-the jobs have a reported or inferred remaining work the ranks would be mostly guesses, and the values
-are the p-norm (p = -1) of speedups over each job's minimum instead (`dp:infer=0` infers nothing; the
-table after the verdict compares these). Admission is `joint`:
+counts: one that outlives every ended one is ranked by attained service). When fewer than 3/4 of
+the jobs have a reported or inferred remaining work the ranks lean on guesses, and the values are the
+p-norm (p = -1) of speedups over each job's minimum instead (`ranked`; `dp:ranked=0.5` is the half
+before, `dp:infer=0` infers nothing; the table after the verdict compares these). Admission is `joint`:
 a pending job starts when its GPUs are worth more to it than to the running jobs (short jobs first),
 except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
 wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps
