@@ -69,6 +69,10 @@ class Candidates:
     goodput: dict[int, float | None] = field(default_factory=dict)  # current goodput, where values are goodput
     # the rescale rule's parameters (realloc, margin, tenure, backoff, thrash cap): what reasons quote
     rule: tuple = ("share", 1.0, False, 0.0, 0.5)
+    # ``completion``: job index -> how many optimised jobs rank ahead of it by work left (shorter first)
+    ahead: dict[int, int] = field(default_factory=dict)
+    # what a waiting job's reason adds about how jobs were valued (DPPolicy's p-norm fallback says why)
+    valuation: str = ""
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -260,6 +264,9 @@ def make_candidates(
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
     speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
     scale = np.repeat(_scale(objective, wt, remaining, rank_cap), lens_a)
+    ahead = {}
+    if objective == "completion" and dp_list:
+        ahead = dict(zip(dp_list, (len(dp_list) - _ranks(remaining)).astype(np.int64).tolist(), strict=True))
     net = speedup * pen
     if round_trip and dp_list:
         at_min = np.array([float(tabs[j].value[0]) / refs[j] if len(tabs[j]) and refs[j] > 0 else 0.0
@@ -300,7 +307,7 @@ def make_candidates(
             current[j] = current_samples_per_s(jobs[j], ns)
     goodput = {j: v for j, v in cur_rate.items() if effs[j][0] is not None}
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
-                      current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap))
+                      current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap), ahead)
 
 
 @contextmanager
@@ -332,11 +339,16 @@ def _scale(objective: str, wt: np.ndarray, remaining_s: np.ndarray, rank_cap: fl
     progress is worth that many seconds of total completion time (heSRPT's rank weighting; Berg et
     al., 2020). Shortest job: rank n; longest: 1."""
     if objective == "completion" and remaining_s.size:
-        order = np.argsort(-remaining_s, kind="stable")
-        rank = np.empty(remaining_s.size)
-        rank[order] = np.arange(1, remaining_s.size + 1)
-        return wt * np.minimum(rank, rank_cap)
+        return wt * np.minimum(_ranks(remaining_s), rank_cap)
     return wt
+
+
+def _ranks(remaining_s: np.ndarray) -> np.ndarray:
+    """SRPT rank per job: how many jobs (itself included) are expected to finish no earlier (longest: 1)."""
+    order = np.argsort(-remaining_s, kind="stable")
+    rank = np.empty(remaining_s.size)
+    rank[order] = np.arange(1, remaining_s.size + 1)
+    return rank
 
 
 def choice_values(objective: str, speedup: np.ndarray, scale: np.ndarray, runs: np.ndarray, p: float) -> np.ndarray:
@@ -631,8 +643,12 @@ def _waiting_reason(plan: Candidates, j: int, gainers: list, spare: int) -> str:
         return f"pending: its minimum of {_plural(kmin)} does not fit the {spare} GPUs free on the nodes"
     who = ", ".join(f"job {jid} (+{w})" for w, jid in top) + (f" and {count - len(top)} more" if count > len(top)
                                                              else "")
+    why = ""
+    if j in plan.ahead:
+        n = plan.dp_jobs.size
+        why = f"; shorter jobs first: {plan.ahead[j]} of {n} rank ahead of it by work left"
     return (f"pending: its {_plural(kmin)} minimum is worth more to other jobs now: {who}"
-            + (f"; {spare} spare do not place it" if spare >= kmin else ""))
+            + (f"; {spare} spare do not place it" if spare >= kmin else "") + why + plan.valuation)
 
 
 def _kept_reason(plan: Candidates, p: int, c: int, better: np.ndarray) -> str:

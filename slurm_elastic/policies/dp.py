@@ -9,6 +9,7 @@ docs/ALGORITHM.md.
 
 from __future__ import annotations
 
+import math
 import time
 
 from slurm_elastic.policies._candidates import Candidates, build_allocation, gc_paused, make_candidates
@@ -149,8 +150,11 @@ class DPPolicy(Policy):
         (``_multipool``), blind to a faster GPU type."""
         if self.objective != "completion" or self.unranked != "pnorm" or not problem.jobs or len(problem.pools) > 1:
             return self.objective
-        known = len(self._inferred(problem)) + sum(r.remaining_samples is not None for r in problem.jobs)
-        return "completion" if known >= self.ranked * len(problem.jobs) else "pnorm"
+        return "completion" if self._known(problem) >= self.ranked * len(problem.jobs) else "pnorm"
+
+    def _known(self, problem: AllocationProblem) -> int:
+        """How many jobs have a reported or inferred remaining work."""
+        return len(self._inferred(problem)) + sum(r.remaining_samples is not None for r in problem.jobs)
 
     def _inferred(self, problem: AllocationProblem) -> dict[int, float]:
         """Job index -> GPU-seconds left, inferred from its model's ended and running jobs, for jobs that report none
@@ -167,16 +171,22 @@ class DPPolicy(Policy):
 
     def candidates(self, problem: AllocationProblem) -> Candidates:
         """Admission and the knapsack's choice arrays (the benchmark solves these with every solver)."""
-        value, goodput = self.OBJECTIVES[self.objective_for(problem)]
+        objective = self.objective_for(problem)
+        value, goodput = self.OBJECTIVES[objective]
         eff = None
         if goodput:
             from slurm_elastic.profiles.goodput import efficiency_for_request as eff
-        return make_candidates(problem, fixed_batch=False, admission=self.admission,
+        plan = make_candidates(problem, fixed_batch=False, admission=self.admission,
                                starvation_s=self.starvation_s, efficiency=eff, objective=value,
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
                                round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
                                rank_cap=self.rank_cap, age_credit=self.age_credit, credit_cap=self.credit_cap,
                                inferred=self._inferred(problem))
+        if objective != self.objective:  # the p-norm fallback: a waiting job's reason says why
+            n = len(problem.jobs)
+            plan.valuation = (f"; jobs valued by speedup, not work left (known for {self._known(problem)} of {n}; "
+                              f"ranks need {math.ceil(self.ranked * n)})")
+        return plan
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         with gc_paused():

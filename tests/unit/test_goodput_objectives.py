@@ -297,6 +297,23 @@ def test_completion_needs_ranks_and_falls_back_to_pnorm_when_most_jobs_report_no
         get_policy("dp", unranked="fifo")
 
 
+def test_a_waiting_job_is_told_how_jobs_were_valued_ranks_or_the_fallback_and_why():
+    s = spec(batch=64)
+    known = (job(0, s, remaining_samples=1e4), job(1, s, remaining_samples=1e5), job(2, s, remaining_samples=1e6),
+             job(3, s))
+    a = get_policy("dp").allocate(AllocationProblem(2, 4, known))  # 2 GPUs, four 1-GPU minimums
+    assert [a.jobs[i].gpus for i in range(3)] == [1, 1, 0]  # the two shortest run
+    assert a.jobs[2].reason.endswith("; shorter jobs first: 2 of 4 rank ahead of it by work left")
+    unknown = (job(0, s, remaining_samples=1e4), job(1, s, remaining_samples=1e5), job(2, s), job(3, s))
+    b = get_policy("dp").allocate(AllocationProblem(2, 4, unknown))
+    waiting = [x.reason for x in b.jobs.values() if x.gpus == 0]
+    assert len(waiting) == 2 and all(
+        r.endswith("; jobs valued by speedup, not work left (known for 2 of 4; ranks need 3)") for r in waiting)
+    assert "rank ahead" not in " ".join(waiting)
+    c = get_policy("dp", objective="pnorm").allocate(AllocationProblem(2, 4, unknown))  # chosen, not a fallback
+    assert not any("valued by" in x.reason or "rank ahead" in x.reason for x in c.jobs.values())
+
+
 def test_the_pnorm_fallback_is_not_used_across_pools_where_it_cannot_see_a_faster_gpu_type():
     from slurm_elastic.policies.base import Pool
 
