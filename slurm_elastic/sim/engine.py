@@ -69,8 +69,8 @@ class SimConfig:
     # Issue 23: the first start costs the job's rescale total (no progress on its GPUs), as in Pollux's
     # and Sia's simulators; False: it costs ``startup_s`` (0 by default: free).
     first_start_charge: bool = False
-    # Issue 23: track running elastic jobs held at a size their true gain says is wrong while GPUs sit
-    # idle (see ``held_wrong``); None: not tracked.
+    # Issue 23: track running elastic jobs held short of the size their true gain says pays while GPUs
+    # sit idle (see ``held_short``); None: not tracked.
     held_bound_s: float | None = None
 
     @property
@@ -99,7 +99,7 @@ class JobOutcome:
     sizes: list[tuple[float, int, int]]
     moves: int = 0  # starts on another GPU type than the job's last start
     gpu_s_by_type: dict = field(default_factory=dict)
-    held_wrong_s: float = 0.0  # longest stretch held at a size its gain says is wrong (held_bound_s runs)
+    held_short_s: float = 0.0  # longest stretch held short of what its true gain pays (held_bound_s runs)
 
     @property
     def jct_s(self) -> float | None:
@@ -289,7 +289,7 @@ class Simulation:
                     horizon_s=cfg.plan_horizon_s, job_info=job_info, model_for_type=self._model_for_type,
                 )
                 if cfg.held_bound_s is not None:
-                    held_wrong(backend, held, cfg)
+                    held_short(backend, held, cfg)
                 if last_cycle is not None:
                     dt = backend.now - last_cycle[0]
                     planned_gpu_s += last_cycle[1] * dt
@@ -326,7 +326,7 @@ class Simulation:
                     total_samples=w.total_samples, processed=processed, rescales=j.rescales,
                     lost_gpu_s=j.lost_gpu_s, gpu_s=j.gpu_s + (j.gpus * (backend.now - j.run_start) if j.nodes else 0.0),
                     sizes=list(j.size_history), moves=j.moves,
-                    gpu_s_by_type=_by_type(backend, j), held_wrong_s=_longest(held.get(jid), j.end_time or backend.now),
+                    gpu_s_by_type=_by_type(backend, j), held_short_s=_longest(held.get(jid), j.end_time or backend.now),
                 )
             )
         for w in arrivals[ai:]:
@@ -389,10 +389,12 @@ def _longest(h: list[float] | None, now: float) -> float:
     return max(h[1], (now - h[0]) if h[0] >= 0 else 0.0)
 
 
-def held_wrong(backend: SimulatedSlurm, held: dict[int, list[float]], cfg: SimConfig) -> None:
-    """Per cycle: which running elastic jobs are held at a size their true gain says is wrong.
+def held_short(backend: SimulatedSlurm, held: dict[int, list[float]], cfg: SimConfig) -> None:
+    """Per cycle: which running elastic jobs are held short of the size their true gain says pays.
 
-    A job is *held wrong* while GPUs of its type sit idle and growing onto them (up to its maximum, at
+    By the simulator's truth (the job's true per-type speed), not by what the policy could know: the
+    other measure, ``sim/checks.held_wrong``, asks the same of the job's own measured model. A job is
+    *held short* while GPUs of its type sit idle and growing onto them (up to its maximum, at
     the batch that scales with it, on its true per-type speed and statistical efficiency) would save
     more of its remaining time than one rescale costs: ``remaining / rate x (1 - rate / rate_grown) >
     restart``. ``held[job] = [start of the current stretch (-1: none), longest stretch]``; a run counts

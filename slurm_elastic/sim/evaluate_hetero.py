@@ -164,7 +164,8 @@ def section(R: dict) -> str:
                          f"{sum(m['jobs_moved'] for m in vals)} ({sum(m['moves'] for m in vals)})" if vals else "-",
                          f"{_mean(vals, 'gpu_h_per_job'):.2f}" if vals else "-",
                          _share(vals),
-                         f"{sum(m['held_wrong_jobs'] for m in vals)}" if vals else "-",
+                         f"{sum(m['held_short_jobs'] for m in vals)} / {sum(m['held_wrong_jobs'] for m in vals)}"
+                         if vals else "-",
                          f"{sum(m['idle_wait_cycles'] for m in vals)}" if vals and all(
                              "idle_wait_cycles" in m for m in vals) else "-",
                          f"{max(m['ftf_max'] or 0 for m in vals):.1f}" if vals else "-",
@@ -172,7 +173,7 @@ def section(R: dict) -> str:
         out.append(report.markdown_table(
             ["policy", *[f"w{n}" for n in WORKLOADS], "mean avg JCT h", "mean p99 JCT h", "longest job h",
              "restarts/job", "jobs moved (moves)", "GPU-h/job", "GPU-h share aws/rtx/dgx-ext",
-             "held wrong > 30 min (jobs, sum)", "idle-while-waiting cycles (sum)", "FTF max", "workloads"], rows))
+             "held > 30 min: short by truth / wrong by own model (jobs, sum)", "idle-while-waiting cycles (sum)", "FTF max", "workloads"], rows))
         out.append("")
         out.append(_verdict(R, restart))
         out.append(_ftf_table(R, restart, specs))
@@ -278,9 +279,12 @@ Reading the table:
   GPU, or to a choice on any type worth 10% more than what it has at home net of the move's restart
   (more GPUs of a slower type; `policies/_multipool.py` MOVE_MIN_GAIN), charged its restart as a resize
   is; the planner pins the new type by partition or ExcNodeList, never by retyping the gres.
-- *held wrong > 30 min*: jobs that for more than 30 minutes ran at a size their true gain said was
-  wrong: GPUs of their type idle, and growing onto them would have saved more of their remaining
-  time than one restart costs (`sim/engine.py` `held_wrong`).
+- *held > 30 min*: jobs that for more than 30 minutes ran at a size that was wrong, by two measures.
+  *Short by truth*: GPUs of their type idle, and growing onto them would, at the job's true speed on
+  that type, have saved more of its remaining time than one restart costs (`sim/engine.py`
+  `held_short`). *Wrong by own model*: GPUs left idle after the cycle on which the job, by its own
+  measured model (what the policy knew), would have run more than twice its restart's worth faster over
+  its true remaining life (`sim/checks.py` `held_wrong`, the one-type section's "held at a wrong size").
 - *idle-while-waiting cycles*: cycles that ended with GPUs uncommitted while a pending job that fits
   them (count and nodes, any type it may use) waited (`sim/checks.py`, as in the one-type section).
   Before the per-pool start fill and the cross-pool fill (`policies/_multipool.py` `_fill_pools`) and

@@ -11,7 +11,7 @@ from sim_helpers import LinearModel, Requested, toy_job, toy_spec
 from slurm_elastic.backends.simulated import SimulatedSlurm
 from slurm_elastic.policies import get_policy
 from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool
-from slurm_elastic.sim.engine import SimConfig, Simulation, held_wrong
+from slurm_elastic.sim.engine import SimConfig, Simulation, held_short
 from slurm_elastic.spec import Decision
 
 SLOW, FAST = LinearModel(100.0), LinearModel(400.0)  # type "fast" runs the job 4x faster
@@ -80,7 +80,7 @@ def test_the_first_start_pays_the_restart_when_charged():
     assert ends[1] - ends[0] == pytest.approx(30.0)
 
 
-def test_a_job_kept_small_while_gpus_of_its_type_sit_idle_is_held_wrong():
+def test_a_job_kept_small_while_gpus_of_its_type_sit_idle_is_held_short():
     b = SimulatedSlurm(groups=TWO, checkpoint_s=0.0, restart_s=10.0)
     jid = b.submit(name="j", gpus_per_node=1, comment=toy_spec().to_comment(), total_samples=1e7,
                    model=SLOW, type_models=_types(None, None))
@@ -89,7 +89,7 @@ def test_a_job_kept_small_while_gpus_of_its_type_sit_idle_is_held_wrong():
     cfg = SimConfig(held_bound_s=60.0)
     for t in (1.0, 100.0, 200.0):
         b.advance_to(t)
-        held_wrong(b, held, cfg)
+        held_short(b, held, cfg)
     assert held[jid][0] == 1.0  # wrong since the first look: 3 idle GPUs would save hours for a 10 s restart
     # a job about to finish is not: its remaining time cannot repay the restart
     b2 = SimulatedSlurm(groups=TWO, checkpoint_s=0.0, restart_s=10.0)
@@ -98,7 +98,7 @@ def test_a_job_kept_small_while_gpus_of_its_type_sit_idle_is_held_wrong():
     _start(b2, j2, gpus=1, gpu_type="slow")
     held2: dict = {}
     b2.advance_to(1.0)
-    held_wrong(b2, held2, cfg)
+    held_short(b2, held2, cfg)
     assert held2[j2][0] < 0
 
 
