@@ -31,14 +31,16 @@ class DPPolicy(Policy):
       The rank needs the work jobs have left; a job that reports none is ranked by what jobs of its model
       had left at its attained GPU-seconds (``infer``, default on; mean residual life over the sizes its
       ended jobs ran and its running ones' service so far, :mod:`~slurm_elastic.policies._sizes`; nothing
-      the job claims counts). When fewer than the share ``ranked`` (3/4) of the jobs have a reported or
-      inferred remaining work, the ranks lean on guesses (a job with nothing known ranks as if it had one
-      horizon left), and ``unranked`` says what values them instead: ``"pnorm"`` (default; Pollux's p-norm
-      of speedups over each job's minimum, which needs no ranks) or ``"las"`` (rank by attained service,
-      as Tiresias). Measured on the Pollux workloads 1-5 with no job reporting progress: average JCT
-      0.664 / 1.426 h at 1x / 2x against 0.670 / 1.448 h with ranks from half the jobs (the default
-      before) and 0.700 / 1.523 h with nothing inferred; 3/4 was ahead of 1/2 at every restart cost from
-      10 s to 600 s at both loads and on Sia's eight Philly traces (docs/EVALUATION.md section 3);
+      the job claims counts). When fewer than half of the jobs report their remaining work and fewer than
+      the share ``ranked`` (3/4) have a reported or inferred one, the ranks would rest on guesses (an
+      inferred size is an estimate; a job with nothing known ranks as if it had one horizon left), and
+      ``unranked`` says what values them instead: ``"pnorm"`` (default; Pollux's p-norm of speedups over
+      each job's minimum, which needs no ranks) or ``"las"`` (rank by attained service, as Tiresias).
+      Measured on the Pollux workloads 1-5 (docs/EVALUATION.md section 3): with no job reporting, 0.664 /
+      1.426 h at 1x / 2x against 0.670 / 1.448 h with ranks once half the jobs had a reported or inferred
+      work (``ranked=0.5``, the rule before) and 0.700 / 1.523 h with nothing inferred; with half of them
+      reporting, 2x: 1.359 h, where 3/4 reported or inferred alone gave 1.417 h; every job reporting: the
+      same as before;
     * ``"goodput"``: total weighted goodput speedup (throughput x statistical efficiency);
     * ``"pnorm"``: Pollux's p-norm (p = -1) of goodput speedups;
     * ``"throughput"``: the paper's total weighted speedup of samples/s (no statistical efficiency).
@@ -144,17 +146,21 @@ class DPPolicy(Policy):
             self.sizes = SizeHistory.from_json(learned["sizes"], keep=self.sizes.keep, pooled=self.sizes.pooled)
 
     def objective_for(self, problem: AllocationProblem) -> str:
-        """The objective this problem is solved with: ``completion`` falls back to ``pnorm`` when less
-        than the share ``ranked`` of the jobs have a reported or inferred remaining work (with
-        ``unranked="pnorm"``). Not across several pools: p-norm values are per pool there
+        """The objective this problem is solved with (with ``unranked="pnorm"``): ``completion`` while at
+        least half of the jobs report the work they have left, or the share ``ranked`` (3/4) have a
+        reported or inferred one; else ``pnorm``. A reported remaining work is the job's own count
+        (under the trust rule); an inferred one is an estimate from its model's history, so ranks resting
+        on estimates need more of them. Not across several pools: p-norm values are per pool there
         (``_multipool``), blind to a faster GPU type."""
         if self.objective != "completion" or self.unranked != "pnorm" or not problem.jobs or len(problem.pools) > 1:
             return self.objective
-        return "completion" if self._known(problem) >= self.ranked * len(problem.jobs) else "pnorm"
+        reported, inferred = self._known(problem)
+        n = len(problem.jobs)
+        return "completion" if 2 * reported >= n or reported + inferred >= self.ranked * n else "pnorm"
 
-    def _known(self, problem: AllocationProblem) -> int:
-        """How many jobs have a reported or inferred remaining work."""
-        return len(self._inferred(problem)) + sum(r.remaining_samples is not None for r in problem.jobs)
+    def _known(self, problem: AllocationProblem) -> tuple[int, int]:
+        """How many jobs report a remaining work, and for how many more one is inferred."""
+        return sum(r.remaining_samples is not None for r in problem.jobs), len(self._inferred(problem))
 
     def _inferred(self, problem: AllocationProblem) -> dict[int, float]:
         """Job index -> GPU-seconds left, inferred from its model's ended and running jobs, for jobs that report none
@@ -184,8 +190,10 @@ class DPPolicy(Policy):
                                inferred=self._inferred(problem))
         if objective != self.objective:  # the p-norm fallback: a waiting job's reason says why
             n = len(problem.jobs)
-            plan.valuation = (f"; jobs valued by speedup, not work left (known for {self._known(problem)} of {n}; "
-                              f"ranks need {math.ceil(self.ranked * n)})")
+            reported, inferred = self._known(problem)
+            plan.valuation = (f"; jobs valued by speedup, not work left: {reported} of {n} report it, {inferred} "
+                              f"inferred (ranks need {math.ceil(n / 2)} reported or "
+                              f"{math.ceil(self.ranked * n)} in all)")
         return plan
 
     def allocate(self, problem: AllocationProblem) -> Allocation:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from zlib import crc32
 
 from slurm_elastic import enact
 from slurm_elastic.backends.base import JobRecord
@@ -62,6 +63,9 @@ class SimConfig:
     ack_timeout_s: float = 600.0
     work_model: str = "samples"  # "samples" (the paper's) or "goodput" (Pollux statistical efficiency)
     report_progress: bool = True  # jobs report the work they have left (JobRequest.remaining_samples)
+    # of those, this share (picked by a stable hash of the job's name) report none: a site where some
+    # users' loops say their dataset size and epochs and others' do not
+    silent_share: float = 0.0
     trust_claims: bool = True  # the daemon's trust rule over what jobs report (slurm_elastic.claims)
     # Issue 13: node groups (count, GPUs per node, partition, GPU type) instead of nodes x gpus_per_node
     # in one partition (gpus_per_node still shapes rigid jobs); see backends/simulated.py.
@@ -185,6 +189,9 @@ class Simulation:
 
         claims = ClaimBook()
 
+        def silent(name: str) -> bool:
+            return crc32(name.encode()) % 10000 < cfg.silent_share * 10000
+
         def job_info(record: JobRecord) -> JobInfo | None:
             """What the simulated job reports, as the in-job library would: its noise scale (while it
             trains), the GPU-seconds it has had and the work it has left; with ``trust_claims``, through
@@ -194,7 +201,8 @@ class Simulation:
                 return None
             trace = j.grad_trace
             ns = backend.noise_scale(j)
-            left = max(0.0, j.total_samples - backend.progress(j)) if cfg.report_progress else None
+            left = max(0.0, j.total_samples - backend.progress(j)) if cfg.report_progress and not silent(j.name) \
+                else None
             if cfg.trust_claims:
                 spec = parse_spec(j.comment, j.job_id)
                 rate = j.rate if j.nodes and j.rate > 0 else None

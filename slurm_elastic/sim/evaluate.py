@@ -62,9 +62,17 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
 # When no job reports the work it has left (a user's loop that does not say its dataset size and
 # epochs; a simulator that passes no progress): what `completion` falls back to, at both loads.
 NO_PROGRESS = (("dp:noprogress", "work left inferred from the model's ended and running jobs (default; policies/_sizes)"),
-               ("dp:ranked=0.5,noprogress", "inferred, ranks once half the jobs have a remaining work (before; default 3/4)"),
+               ("dp:ranked=0.5,noprogress", "inferred, ranks once half the jobs have a reported or inferred work (before)"),
                ("dp:infer=0,noprogress", "nothing inferred: p-norm of speedups over the minimum (before)"),
                ("dp:infer=0,unranked=las,noprogress", "nothing inferred: completion ranked by attained service (LAS)"))
+
+
+# Some jobs report their work and others do not (``silent=``: that share, picked by a hash of the job's
+# name): the ranks' rule (DPPolicy.objective_for) against the rule before, at both loads.
+SILENT = tuple((f"dp:{o}silent={x}", f"{share} of the jobs report nothing, {label}")
+               for x, share in (("0.25", "1/4"), ("0.5", "1/2"), ("0.75", "3/4"))
+               for o, label in (("", "ranks once half report or 3/4 are reported or inferred (default)"),
+                                ("ranked=0.5,", "ranks once half are reported or inferred (before)")))
 
 
 # What the trust rule (slurm_elastic.claims) costs honest jobs, at both loads.
@@ -77,7 +85,7 @@ def _policy(spec: str):
     name, _, opts = spec.partition(":")
     kw = {}
     for o in filter(None, opts.split(",")):
-        if o in ("noprogress", "trusting", "ownusers", "freestart") or o.startswith("restart="):
+        if o in ("noprogress", "trusting", "ownusers", "freestart") or o.startswith(("restart=", "silent=")):
             continue
         k, v = o.split("=")
         kw[k] = v
@@ -102,7 +110,12 @@ RESTARTS = (("dp:restart=10", "dp, 10 s"), ("dp:restart=250", "dp, 250 s"), ("dp
 
 
 def _restart_opt(spec: str) -> str | None:
-    return next((o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith("restart=")), None)
+    return _opt(spec, "restart")
+
+
+def _opt(spec: str, key: str) -> str | None:
+    """The value of a simulator option ``key=value`` in a run's spec (``dp:restart=250,silent=0.5``)."""
+    return next((o.split("=", 1)[1] for o in spec.partition(":")[2].split(",") if o.startswith(key + "=")), None)
 
 
 def goodput_config(spec: str) -> SimConfig:
@@ -114,7 +127,7 @@ def goodput_config(spec: str) -> SimConfig:
     return SimConfig(work_model="goodput", checkpoint_s=0.0,
                      restart_s=float(r) if r is not None and r != "model" else 30.0,
                      report_progress="noprogress" not in spec, trust_claims="trusting" not in spec,
-                     first_start_charge="freestart" not in spec)
+                     first_start_charge="freestart" not in spec, silent_share=float(_opt(spec, "silent") or 0.0))
 
 
 def _alone_s(w, cfg: SimConfig) -> float:
@@ -170,6 +183,7 @@ def tasks(pollux: str) -> list:
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in NO_PROGRESS for n in range(1, 6)]
     out += [("goodput", v, "workloads", n, pollux) for v, _ in NO_PROGRESS if v not in dict(VARIANTS)
             for n in range(1, 6)]
+    out += [("goodput", v, folder, n, pollux) for v, _ in SILENT for folder in SETS for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v in ("dp:age_credit=0", "dp:credit_cap=inf")
             for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
@@ -408,6 +422,9 @@ def document(R: dict, minutes: float) -> str:
     out.append("\nWhen no job reports its progress, average JCT h (means over workloads 1-5; Pollux's published "
                "means 0.722 / 1.520):\n")
     out.append(_both_loads_table(R, NO_PROGRESS, "fallback"))
+    out.append("When some jobs report their progress and the others do not (picked by a hash of the job's name), "
+               "average JCT h:\n")
+    out.append(_both_loads_table(R, SILENT, "reports"))
     out.append("Age credit at 2x load (`workloads-2.0/`, means over workloads 1-5; lower is better):\n")
     rows = []
     for spec, label in (("dp", "dp (default: age credit 4, at most 97% of what a job has left)"),
@@ -538,10 +555,11 @@ is bounded (p95 JCT), while a new short job still passes an old long one (finish
 that reports no work left is ranked by what jobs of its model (its spec's `profile`) had left at its
 attained GPU-seconds (`E[S - a | S > a]`, mean residual life, `policies/_sizes.py`: the sizes its ended
 jobs ran, and its running jobs' service as sizes at least that much, Kaplan-Meier; nothing it claims
-counts: one that outlives every ended one is ranked by attained service). When fewer than 3/4 of
-the jobs have a reported or inferred remaining work the ranks lean on guesses, and the values are the
-p-norm (p = -1) of speedups over each job's minimum instead (`ranked`; `dp:ranked=0.5` is the half
-before, `dp:infer=0` infers nothing; the table after the verdict compares these). Admission is `joint`:
+counts: one that outlives every ended one is ranked by attained service). When fewer than half of
+the jobs report their remaining work and fewer than 3/4 have a reported or inferred one, the ranks
+would rest on guesses, and the values are the p-norm (p = -1) of speedups over each job's minimum
+instead (`ranked`; `dp:ranked=0.5`, the rule before, ranks once half have a reported or inferred one;
+`dp:infer=0` infers nothing; the tables after the verdict compare these). Admission is `joint`:
 a pending job starts when its GPUs are worth more to it than to the running jobs (short jobs first),
 except that a job pending `starvation_s` (1 h) is admitted first and holds the line, so large jobs
 wait at most that long, and every running job keeps its minimum. Stability: a rescale keeps

@@ -92,6 +92,11 @@ def test_dp_ranks_jobs_that_report_nothing_by_what_their_models_ran():
     assert pol.objective_for(second) == "completion"
     c = pol.candidates(second)
     assert c.values[c.offsets[1]] > c.values[c.offsets[0]]  # the cifar10 job ranks first
+    # fewer than half report: ranks need 3/4 with the inferred ones (an inferred size is an estimate)
+    told = replace(_run(6, "bert", 10.0), remaining_samples=1e5)
+    four = AllocationProblem(8, 4, (long_, told, _run(7, "bert", 10.0), _run(8, "bert", 10.0)))
+    assert pol._known(four) == (1, 1) and pol.objective_for(four) == "pnorm"  # 2 of 4 known, 1 reported
+    assert pol.objective_for(AllocationProblem(8, 4, (long_, short, told, _run(7, "bert", 10.0)))) == "completion"
     off = get_policy("dp", infer=0)
     off.allocate(first)
     off.allocate(AllocationProblem(8, 4, (_run(5, "bert", 10.0),)))

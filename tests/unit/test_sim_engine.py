@@ -211,3 +211,28 @@ def test_goodput_work_model_on_measured_profiles(objective):
     # The measured efficiencies (< 1 above an app's initial batch) made some job take longer.
     base = Simulation(jobs, get_policy("dp", objective=objective), SimConfig(nodes=4)).run()
     assert any(g.jct_s > b.jct_s + 1.0 for g, b in zip(res.jobs, base.jobs, strict=True))
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_a_share_of_jobs_reports_no_work_left_the_same_jobs_every_cycle(share):
+    # silent_share: some users' loops say their dataset size and epochs, others' do not; which jobs are
+    # silent is a property of the job (a hash of its name), not of the cycle
+    seen: dict = {}
+
+    class Recording(EqualShare):
+        def allocate(self, problem):
+            for r in problem.jobs:
+                seen.setdefault(r.job_id, set()).add(r.remaining_samples is None)
+            return super().allocate(problem)
+
+    jobs = synthetic(rate_per_h=40, hours=1, seed=5)
+    # every report as it comes (no trust rule, which withholds a claim until it is borne out)
+    Simulation(jobs, Recording(), SimConfig(nodes=4, horizon_s=3 * 3600, silent_share=share, trust_claims=False)).run()
+    assert len(seen) == len(jobs) and all(len(v) == 1 for v in seen.values())
+    silent = sum(v == {True} for v in seen.values())
+    if share == 0.0:
+        assert silent == 0
+    elif share == 1.0:
+        assert silent == len(jobs)
+    else:
+        assert 0.25 * len(jobs) < silent < 0.75 * len(jobs)
