@@ -18,6 +18,14 @@ from slurm_elastic.policies._placement import solve_placeable
 from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
 
 
+def _number(name: str, value) -> float:
+    """An option's number (options come as strings from ``dp:key=value`` specs); a clear error names it."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, not {value!r}") from None
+
+
 class DPPolicy(Policy):
     """Exact DP over (GPU count, batch) per job.
 
@@ -85,7 +93,7 @@ class DPPolicy(Policy):
                  infer: bool | str = True, ranked: float = 0.75):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
-        self.restart_margin = float(restart_margin)
+        self.restart_margin = _number("restart_margin", restart_margin)
         if not self.restart_margin >= 0 or self.restart_margin == float("inf"):
             raise ValueError(f"restart_margin must be a finite number >= 0, not {restart_margin!r}")
         if isinstance(tenure, str):  # from a command line "dp:tenure=0"
@@ -98,23 +106,26 @@ class DPPolicy(Policy):
                 raise ValueError(f"round_trip must be a boolean, not {round_trip!r}")
             round_trip = round_trip.lower() in ("1", "true", "yes")
         self.round_trip = bool(round_trip)
-        self.backoff = float(backoff)
+        self.backoff = _number("backoff", backoff)
         if not 0 <= self.backoff < float("inf"):
             raise ValueError(f"backoff must be a finite number >= 0, not {backoff!r}")
         if realloc not in ("life", "share"):
             raise ValueError(f"realloc must be 'life' or 'share', not {realloc!r}")
         self.realloc = realloc
-        self.thrash_cap = float(thrash_cap)
+        self.thrash_cap = _number("thrash_cap", thrash_cap)
         if not 0 <= self.thrash_cap < 1:
             raise ValueError(f"thrash_cap must be a number in [0, 1), not {thrash_cap!r}")
-        self.rank_cap = float(rank_cap)
+        self.rank_cap = _number("rank_cap", rank_cap)
         if not self.rank_cap >= 1:
             raise ValueError(f"rank_cap must be a number >= 1, not {rank_cap!r}")
-        self.fills = int(fills)
-        self.age_credit = float(age_credit)
+        fills_n = _number("fills", fills)
+        if not (0 <= fills_n < float("inf") and fills_n == int(fills_n)):
+            raise ValueError(f"fills must be a whole number >= 0, not {fills!r}")
+        self.fills = int(fills_n)
+        self.age_credit = _number("age_credit", age_credit)
         if not 0 <= self.age_credit < float("inf"):
             raise ValueError(f"age_credit must be a finite number >= 0, not {age_credit!r}")
-        self.credit_cap = float(credit_cap)
+        self.credit_cap = _number("credit_cap", credit_cap)
         if not 0 <= self.credit_cap:
             raise ValueError(f"credit_cap must be a number >= 0, not {credit_cap!r}")
         if isinstance(infer, str):  # "dp:infer=1"
@@ -125,12 +136,12 @@ class DPPolicy(Policy):
 
         self.sizes = SizeHistory(pooled=infer == "pooled") if infer else None  # what jobs that report no work left are inferred to have
         self.admission = admission
-        self.starvation_s = float(starvation_s)
+        self.starvation_s = _number("starvation_s", starvation_s)
         self.objective = objective
         if unranked not in ("pnorm", "las"):
             raise ValueError(f"unranked must be 'pnorm' or 'las', not {unranked!r}")
         self.unranked = unranked
-        self.ranked = float(ranked)
+        self.ranked = _number("ranked", ranked)
         if not 0 <= self.ranked <= 1:
             raise ValueError(f"ranked must be a share in [0, 1], not {ranked!r}")
         self.placement = placement  # re-solve until the allocation places on the nodes (policies/_placement)

@@ -296,6 +296,17 @@ def test_completion_needs_ranks_and_falls_back_to_pnorm_when_most_jobs_report_no
         get_policy("dp", unranked="fifo")
 
 
+def test_a_bad_dp_option_from_a_spec_string_names_the_option():
+    # options come as strings from "dp:key=value" specs (simulate --compare, evaluate)
+    for key, bad in (("age_credit", "x"), ("ranked", "abc"), ("starvation_s", None), ("restart_margin", "4s")):
+        with pytest.raises(ValueError, match=f"^{key} must be a number, not "):
+            get_policy("dp", **{key: bad})
+    for bad in ("2.5", -1, "inf", "nan", "y"):
+        with pytest.raises(ValueError, match="^fills must be a"):
+            get_policy("dp", fills=bad)
+    assert get_policy("dp", fills="2", age_credit="8").fills == 2
+
+
 def test_a_waiting_job_is_told_how_jobs_were_valued_ranks_or_the_fallback_and_why():
     s = spec(batch=64)
     known = (job(0, s, remaining_samples=1e4), job(1, s, remaining_samples=1e5), job(2, s, remaining_samples=1e6),
