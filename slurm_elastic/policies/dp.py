@@ -156,22 +156,25 @@ class DPPolicy(Policy):
 
             self.sizes = SizeHistory.from_json(learned["sizes"], keep=self.sizes.keep, pooled=self.sizes.pooled)
 
-    def objective_for(self, problem: AllocationProblem) -> str:
+    def objective_for(self, problem: AllocationProblem, inferred: dict | None = None) -> str:
         """The objective this problem is solved with (with ``unranked="pnorm"``): ``completion`` while at
         least half of the jobs report the work they have left, or the share ``ranked`` (3/4) have a
         reported or inferred one; else ``pnorm``. A reported remaining work is the job's own count
         (under the trust rule); an inferred one is an estimate from its model's history, so ranks resting
         on estimates need more of them. Not across several pools: p-norm values are per pool there
-        (``_multipool``), blind to a faster GPU type."""
+        (``_multipool``), blind to a faster GPU type. ``inferred``: :meth:`_inferred`'s answer, when the
+        caller has it."""
         if self.objective != "completion" or self.unranked != "pnorm" or not problem.jobs or len(problem.pools) > 1:
             return self.objective
-        reported, inferred = self._known(problem)
+        reported, inferred_n = self._known(problem, inferred)
         n = len(problem.jobs)
-        return "completion" if 2 * reported >= n or reported + inferred >= self.ranked * n else "pnorm"
+        return "completion" if 2 * reported >= n or reported + inferred_n >= self.ranked * n else "pnorm"
 
-    def _known(self, problem: AllocationProblem) -> tuple[int, int]:
+    def _known(self, problem: AllocationProblem, inferred: dict | None = None) -> tuple[int, int]:
         """How many jobs report a remaining work, and for how many more one is inferred."""
-        return sum(r.remaining_samples is not None for r in problem.jobs), len(self._inferred(problem))
+        if inferred is None:
+            inferred = self._inferred(problem)
+        return sum(r.remaining_samples is not None for r in problem.jobs), len(inferred)
 
     def _inferred(self, problem: AllocationProblem) -> dict[int, float]:
         """Job index -> GPU-seconds left, inferred from its model's ended and running jobs, for jobs that report none
@@ -188,7 +191,8 @@ class DPPolicy(Policy):
 
     def candidates(self, problem: AllocationProblem) -> Candidates:
         """Admission and the knapsack's choice arrays (the benchmark solves these with every solver)."""
-        objective = self.objective_for(problem)
+        inferred = self._inferred(problem)
+        objective = self.objective_for(problem, inferred)
         value, goodput = self.OBJECTIVES[objective]
         eff = None
         if goodput:
@@ -198,11 +202,11 @@ class DPPolicy(Policy):
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
                                round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
                                rank_cap=self.rank_cap, age_credit=self.age_credit, credit_cap=self.credit_cap,
-                               inferred=self._inferred(problem))
+                               inferred=inferred)
         if objective != self.objective:  # the p-norm fallback: a waiting job's reason says why
             n = len(problem.jobs)
-            reported, inferred = self._known(problem)
-            plan.valuation = (f"; jobs valued by speedup, not work left: {reported} of {n} report it, {inferred} "
+            reported, inferred_n = self._known(problem, inferred)
+            plan.valuation = (f"; jobs valued by speedup, not work left: {reported} of {n} report it, {inferred_n} "
                               f"inferred (ranks need {math.ceil(n / 2)} reported or "
                               f"{math.ceil(self.ranked * n)} in all)")
         return plan
