@@ -4,10 +4,12 @@ Two questions the simulator asks after every cycle, from the cycle's own snapsho
 
 * **idle while a job waits**: after every action of the cycle is carried out, are GPUs left idle (not
   held, not committed to an in-flight change) on which a pending job that was not started could be
-  placed at its smallest allowed count? Counted per cycle (``idle_wait_cycles``).
+  placed at its smallest allowed count? Counted per cycle (``idle_wait_cycles``). With several pools
+  (GPU types), in one pool the job may use: a job runs on one type, so idle GPUs of two do not add up.
 * **held at a wrong size**: a running job left at its size while the GPUs left idle would, by its own
   measured model, speed it up by more than twice what the restart costs over its true remaining life
-  (``(n / c) x (1 - 2 x restart_s / life) > 1``). Jobs held so for longer than ``bound_s`` are counted
+  (``(n / c) x (1 - 2 x restart_s / life) > 1``); with several pools, growing in its own pool or moving
+  to another it may use (its model for that type). Jobs held so for longer than ``bound_s`` are counted
   (``held_wrong_jobs``), with the longest such hold (``held_wrong_max_s``).
 
 Pure functions of a cycle plus a small accumulator; the engine keeps one per run.
@@ -51,25 +53,61 @@ def _free_after(res) -> tuple[_Placer, int]:
 
 
 def idle_waiting(res) -> list:
-    """Pending jobs not started this cycle that fit, at their smallest allowed count, in what is left idle."""
+    """Pending jobs not started this cycle that fit, at their smallest allowed count, in what is left idle
+    in one pool they may use (a job runs on one GPU type: idle GPUs of two pools do not add up)."""
     placer, idle = _free_after(res)
     if idle <= 0:
         return []
     acts = {a.job_id: a for a in res.plan.actions}
+    reqs = {r.job_id: r for r in res.snapshot.problem.jobs}
     out = []
     for v in res.snapshot.views:
         a = acts.get(v.job_id)
         if v.status != PENDING or v.spec is None or (a is not None and a.kind == "start"):
             continue
-        counts = v.spec.allowed_gpu_counts(res.snapshot.node_size, most=idle)
-        if counts and _fits(placer, v, counts[0]):
-            out.append(v.job_id)
+        for pool in job_pools(reqs.get(v.job_id), res.snapshot.problem):
+            placer.scope(pool)
+            spec = _spec_in(reqs.get(v.job_id), pool) or v.spec
+            counts = spec.allowed_gpu_counts(placer.node_size, most=idle)
+            if counts and _fits(placer, v, counts[0]):
+                out.append(v.job_id)
+                break
+        placer.scope(None)
     return out
+
+
+def job_pools(req, problem) -> list:
+    """The pools (``policies.base.Pool``) a job may run in, the one it runs in first; ``[None]`` (anywhere)
+    where the problem has one pool or the job is unknown."""
+    pools = problem.pools
+    if req is None or len(pools) <= 1:
+        return [None]
+    by = {p.name: p for p in pools}
+    names = list(req.pools) if req.pools else list(by)
+    if req.running_gpus > 0 and req.pool in by:
+        names = [req.pool] + [n for n in names if n != req.pool]
+    return [by[n] for n in names if n in by] or [None]
+
+
+def _spec_in(req, pool):
+    """The job's spec in ``pool`` (its batch limit of that GPU type), else None."""
+    if req is None or pool is None or not req.pool_specs:
+        return None
+    return dict(req.pool_specs).get(pool.name)
+
+
+def _model_in(req, pool):
+    """The job's model in ``pool`` (what the policy knows of it on that GPU type), else its own."""
+    if pool is None or not req.pool_models:
+        return req.model
+    return dict(req.pool_models).get(pool.name, req.model)
 
 
 def held_wrong(res, remaining_s) -> list:
     """Running jobs left at their size whose measured gain on the idle GPUs pays twice its restart over
-    ``remaining_s(job_id, rate)`` (the job's true remaining life at ``rate``; None: unknown, skipped)."""
+    ``remaining_s(job_id, rate)`` (the job's true remaining life at ``rate``; None: unknown, skipped).
+    With several pools, the idle GPUs of the job's own pool (a grow), or of another pool it may use, by
+    its model for that GPU type (a move: a restart too); never GPUs of two pools at once."""
     from slurm_elastic.policies._tables import current_samples_per_s, job_table, restart_s
     from slurm_elastic.profiles.goodput import efficiency_for_request
 
@@ -86,16 +124,21 @@ def held_wrong(res, remaining_s) -> list:
         if v.status != RUNNING or req is None or (a is not None and a.kind != "leave") or not v.nodes:
             continue
         eff, key = efficiency_for_request(req)
-        t = job_table(req.model, req.spec, snap.node_size, snap.capacity, None, eff, key)
         cur = current_samples_per_s(req, snap.node_size)
-        if not len(t) or not cur or req.running_batch is None:
+        if not cur or req.running_batch is None:
             continue
         c = cur * (float(eff(np.array([float(req.running_batch)]))[0]) if eff is not None else 1.0)
         best = 0.0
         placer.give_back(v.nodes, v.gpus_per_node)
-        for i, k in enumerate(t.counts.tolist()):
-            if v.gpus < k <= v.gpus + idle and _fits(placer, v, k):
-                best = max(best, float(t.value[i]))
+        for n, pool in enumerate(job_pools(req, snap.problem)):
+            placer.scope(pool)
+            home = n == 0  # its own pool (or the whole map): a grow; elsewhere: a move, any count
+            t = job_table(_model_in(req, pool), _spec_in(req, pool) or req.spec, placer.node_size, snap.capacity,
+                          None, eff, key)
+            for i, k in enumerate(t.counts.tolist()):
+                if (v.gpus < k if home else 0 < k) and k <= (v.gpus if home else 0) + idle and _fits(placer, v, k):
+                    best = max(best, float(t.value[i]))
+        placer.scope(None)
         placer.reserve(v.nodes, v.gpus_per_node)
         life = remaining_s(v.job_id, c)
         if best > c and life is not None and life > 0 and best / c * (1.0 - 2.0 * restart_s(req) / life) > 1.0:

@@ -284,9 +284,12 @@ Reading the table:
   that type, have saved more of its remaining time than one restart costs (`sim/engine.py`
   `held_short`). *Wrong by own model*: GPUs left idle after the cycle on which the job, by its own
   measured model (what the policy knew), would have run more than twice its restart's worth faster over
-  its true remaining life (`sim/checks.py` `held_wrong`, the one-type section's "held at a wrong size").
+  its true remaining life (`sim/checks.py` `held_wrong`, the one-type section's "held at a wrong size"):
+  grown on idle GPUs of its own type, or moved to idle GPUs of another type it may use, by its model for
+  that type; never on GPUs of two types at once (a job runs on one type). Before that rule the check
+  added up idle GPUs of every type, and counted 20 `dp` jobs at per-model restarts where it now counts 15.
 - *idle-while-waiting cycles*: cycles that ended with GPUs uncommitted while a pending job that fits
-  them (count and nodes, any type it may use) waited (`sim/checks.py`, as in the one-type section).
+  them (count and nodes, in one type it may use) waited (`sim/checks.py`, as in the one-type section).
   Before the per-pool start fill and the cross-pool fill (`policies/_multipool.py` `_fill_pools`) and
   the planner crediting a move's old GPUs to starts, `dp` had 206 of them over the 8 workloads at
   per-model restarts.
