@@ -130,9 +130,9 @@ def held_wrong(res, remaining_s) -> list:
         c = cur * (float(eff(np.array([float(req.running_batch)]))[0]) if eff is not None else 1.0)
         best = 0.0
         placer.give_back(v.nodes, v.gpus_per_node)
-        for n, pool in enumerate(job_pools(req, snap.problem)):
+        for pool in job_pools(req, snap.problem):
             placer.scope(pool)
-            home = n == 0  # its own pool (or the whole map): a grow; elsewhere: a move, any count
+            home = pool is None or pool.name == req.pool  # its own pool (or the whole map): a grow; else a move
             t = job_table(_model_in(req, pool), _spec_in(req, pool) or req.spec, placer.node_size, snap.capacity,
                           None, eff, key)
             for i, k in enumerate(t.counts.tolist()):
