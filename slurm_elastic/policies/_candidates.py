@@ -69,8 +69,11 @@ class Candidates:
     goodput: dict[int, float | None] = field(default_factory=dict)  # current goodput, where values are goodput
     # the rescale rule's parameters (realloc, margin, tenure, backoff, thrash cap): what reasons quote
     rule: tuple = ("share", 1.0, False, 0.0, 0.5)
-    # ``completion``: job index -> how many optimised jobs rank ahead of it by work left (shorter first)
+    # ``completion``: job index -> how many optimised jobs rank ahead of it by work left (shorter first),
+    # among ``ranked_among`` jobs (all optimised here; a pool's sub-plan in policies/_multipool keeps the
+    # pool's ranks, among jobs some of which it assigned to other pools)
     ahead: dict[int, int] = field(default_factory=dict)
+    ranked_among: int = 0
     # what a waiting job's reason adds about how jobs were valued (DPPolicy's p-norm fallback says why)
     valuation: str = ""
 
@@ -307,7 +310,8 @@ def make_candidates(
             current[j] = current_samples_per_s(jobs[j], ns)
     goodput = {j: v for j, v in cur_rate.items() if effs[j][0] is not None}
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
-                      current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap), ahead)
+                      current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap), ahead,
+                      ranked_among=len(dp_list) if ahead else 0)
 
 
 @contextmanager
@@ -645,7 +649,7 @@ def _waiting_reason(plan: Candidates, j: int, gainers: list, spare: int) -> str:
                                                              else "")
     why = ""
     if j in plan.ahead:
-        n = plan.dp_jobs.size
+        n = plan.ranked_among or plan.dp_jobs.size
         why = f"; shorter jobs first: {plan.ahead[j]} of {n} rank ahead of it by work left"
     return (f"pending: its {_plural(kmin)} minimum is worth more to other jobs now: {who}"
             + (f"; {spare} spare do not place it" if spare >= kmin else "") + why + plan.valuation)

@@ -281,3 +281,28 @@ def test_a_start_may_take_the_gpus_a_moving_job_leaves():
     p = pl.plan(alloc, views, {}, 0.0, capacity=8, node_size=4, node_free={"a1": 0, "v1": 0}, pools=pools)
     assert {a.job_id: a.kind for a in p.actions} == {1: "leave", 2: "leave", 3: "leave"}
     assert p.committed_gpus == 6
+
+
+def test_waiting_reason_counts_ranks_among_the_jobs_ranked():
+    """A pending job's reason, several pools: 'k of n rank ahead of it' counts among the jobs its pool
+    ranked (n), some of which the pool choice sent elsewhere; it once said '11 of 10'."""
+    import re
+
+    said = 0
+    for seed in range(8):
+        rng = random.Random(seed)
+        pools = (Pool("a", "a", ("p",), (("a0", 4), ("a1", 4)), 4), Pool("b", "b", ("p",), (("b0", 4),), 4))
+        jobs = []
+        for j in range(rng.randint(6, 14)):
+            spec = replace(toy_spec(min_gpus=1, max_gpus=rng.choice([2, 4, 8]), batch=32), min_batch=32,
+                           max_batch=256, max_local_batch=128)
+            pm = (("a", LinearModel(100.0)), ("b", LinearModel(rng.choice([50.0, 200.0]))))
+            jobs.append(JobRequest(j, spec, LinearModel(100.0), pools=("a", "b"), pool_models=pm,
+                                   remaining_samples=float(rng.randint(1, 100)) * 1e5))
+        problem = AllocationProblem(total_gpus=12, node_size=4, jobs=tuple(jobs), pools=pools, horizon_s=3600.0)
+        for a in DPPolicy().allocate(problem).jobs.values():
+            m = re.search(r"(\d+) of (\d+) rank ahead", a.reason or "")
+            if m:
+                said += 1
+                assert int(m.group(1)) < int(m.group(2)) <= len(jobs), a.reason
+    assert said > 0  # the instances do make jobs wait behind shorter ones
