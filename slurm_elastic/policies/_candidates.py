@@ -311,7 +311,7 @@ def make_candidates(
     goodput = {j: v for j, v in cur_rate.items() if effs[j][0] is not None}
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
                       current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap), ahead,
-                      ranked_among=len(dp_list) if ahead else 0)
+                      ranked_among=len(dp_list))
 
 
 @contextmanager
@@ -649,7 +649,7 @@ def _waiting_reason(plan: Candidates, j: int, gainers: list, spare: int) -> str:
                                                              else "")
     why = ""
     if j in plan.ahead:
-        n = plan.ranked_among or plan.dp_jobs.size
+        n = plan.ranked_among
         why = f"; shorter jobs first: {plan.ahead[j]} of {n} rank ahead of it by work left"
     return (f"pending: its {_plural(kmin)} minimum is worth more to other jobs now: {who}"
             + (f"; {spare} spare do not place it" if spare >= kmin else "") + why + plan.valuation)

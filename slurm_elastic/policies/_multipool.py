@@ -137,8 +137,8 @@ def _sub_problems(problem: AllocationProblem):
         jobs = []
         for j in members[i]:
             req = problem.jobs[j]
-            model = dict(req.pool_models).get(pool.name, req.model) if req.pool_models else req.model
-            spec = dict(req.pool_specs).get(pool.name) if req.pool_specs else None  # its batch limit there
+            model = req.model_in(pool.name)
+            spec = req.spec_in(pool.name)  # its batch limit there
             if req.running_gpus > 0 and allowed[j][0] != i:
                 jobs.append(_moved(req, model, spec))  # there, it would start anew
                 continue

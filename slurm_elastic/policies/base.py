@@ -61,6 +61,14 @@ class JobRequest:
     def is_running(self) -> bool:
         return self.running_gpus > 0
 
+    def model_in(self, pool: str) -> ThroughputModel:
+        """Its throughput model in the pool named ``pool`` (its GPU type's data), else ``model``."""
+        return dict(self.pool_models).get(pool, self.model) if self.pool_models else self.model
+
+    def spec_in(self, pool: str) -> ElasticSpec | None:
+        """Its spec in the pool named ``pool`` (that GPU type's batch limit), else None (``spec`` applies)."""
+        return dict(self.pool_specs).get(pool) if self.pool_specs else None
+
     @property
     def weight(self) -> float:
         return self.spec.weight

@@ -65,9 +65,10 @@ def idle_waiting(res) -> list:
         a = acts.get(v.job_id)
         if v.status != PENDING or v.spec is None or (a is not None and a.kind == "start"):
             continue
-        for pool in job_pools(reqs.get(v.job_id), res.snapshot.problem):
+        req = reqs.get(v.job_id)
+        for pool in job_pools(req, res.snapshot.problem):
             placer.scope(pool)
-            spec = _spec_in(reqs.get(v.job_id), pool) or v.spec
+            spec = (req.spec_in(pool.name) if pool is not None else None) or v.spec
             counts = spec.allowed_gpu_counts(placer.node_size, most=idle)
             if counts and _fits(placer, v, counts[0]):
                 out.append(v.job_id)
@@ -87,20 +88,6 @@ def job_pools(req, problem) -> list:
     if req.running_gpus > 0 and req.pool in by:
         names = [req.pool] + [n for n in names if n != req.pool]
     return [by[n] for n in names if n in by] or [None]
-
-
-def _spec_in(req, pool):
-    """The job's spec in ``pool`` (its batch limit of that GPU type), else None."""
-    if req is None or pool is None or not req.pool_specs:
-        return None
-    return dict(req.pool_specs).get(pool.name)
-
-
-def _model_in(req, pool):
-    """The job's model in ``pool`` (what the policy knows of it on that GPU type), else its own."""
-    if pool is None or not req.pool_models:
-        return req.model
-    return dict(req.pool_models).get(pool.name, req.model)
 
 
 def held_wrong(res, remaining_s) -> list:
@@ -132,11 +119,14 @@ def held_wrong(res, remaining_s) -> list:
         placer.give_back(v.nodes, v.gpus_per_node)
         for pool in job_pools(req, snap.problem):
             placer.scope(pool)
-            home = pool is None or pool.name == req.pool  # its own pool (or the whole map): a grow; else a move
-            t = job_table(_model_in(req, pool), _spec_in(req, pool) or req.spec, placer.node_size, snap.capacity,
-                          None, eff, key)
+            if pool is None:  # one pool: the whole map, a grow
+                model, spec, lo = req.model, req.spec, v.gpus
+            else:  # its own pool: a grow; another: a move, at any count
+                model, spec = req.model_in(pool.name), req.spec_in(pool.name) or req.spec
+                lo = v.gpus if pool.name == req.pool else 0
+            t = job_table(model, spec, placer.node_size, snap.capacity, None, eff, key)
             for i, k in enumerate(t.counts.tolist()):
-                if (v.gpus < k if home else 0 < k) and k <= (v.gpus if home else 0) + idle and _fits(placer, v, k):
+                if lo < k <= lo + idle and _fits(placer, v, k):
                     best = max(best, float(t.value[i]))
         placer.scope(None)
         placer.reserve(v.nodes, v.gpus_per_node)
