@@ -7,6 +7,7 @@ the planner then turns the :class:`Allocation` into Slurm actions. Policies do n
 from __future__ import annotations
 
 import abc
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -147,6 +148,40 @@ class Allocation:
 
     def gpus_used(self) -> int:
         return sum(a.gpus for a in self.jobs.values())
+
+
+def number_option(name: str, value, *, low: float = float("-inf"), high: float = float("inf"),
+                  open_low: bool = False, open_high: bool = False, finite: bool = True,
+                  whole: bool = False) -> float:
+    """A policy option's number, checked: in ``[low, high]`` (an open end with ``open_low`` /
+    ``open_high``), finite unless ``finite=False``, a whole number with ``whole``. Options come as strings
+    from ``policy:key=value`` specs, so a bare ``float()`` answers "could not convert string to float",
+    and "nan" or "inf" would pass it silently; the error here names the option and what it must be."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = None
+    ok = (x is not None and not math.isnan(x) and (not finite or math.isfinite(x))
+          and (x > low if open_low else x >= low) and (x < high if open_high else x <= high)
+          and (not whole or not math.isfinite(x) or x == int(x)))
+    if not ok:
+        parts = ["a finite" if finite else "a", "whole number" if whole else "number"]
+        if low > float("-inf"):
+            parts.append(f"{'>' if open_low else '>='} {low:g}")
+        if high < float("inf"):
+            parts.append(f"{'and ' if low > float('-inf') else ''}{'<' if open_high else '<='} {high:g}")
+        raise ValueError(f"{name} must be {' '.join(parts)}, not {value!r}")
+    return x
+
+
+def bool_option(name: str, value) -> bool:
+    """A policy option's boolean: a bool, or ``0/1/true/false/yes/no`` from a ``policy:key=value`` spec."""
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v not in ("0", "1", "true", "false", "yes", "no"):
+            raise ValueError(f"{name} must be a boolean (0/1, true/false, yes/no), not {value!r}")
+        return v in ("1", "true", "yes")
+    return bool(value)
 
 
 class Policy(abc.ABC):

@@ -15,15 +15,7 @@ import time
 from slurm_elastic.policies._candidates import Candidates, build_allocation, gc_paused, make_candidates
 from slurm_elastic.policies._mckp import mckp
 from slurm_elastic.policies._placement import solve_placeable
-from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
-
-
-def _number(name: str, value) -> float:
-    """An option's number (options come as strings from ``dp:key=value`` specs); a clear error names it."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, not {value!r}") from None
+from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy, bool_option, number_option
 
 
 class DPPolicy(Policy):
@@ -93,58 +85,33 @@ class DPPolicy(Policy):
                  infer: bool | str = True, ranked: float = 0.75):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
-        self.restart_margin = _number("restart_margin", restart_margin)
-        if not self.restart_margin >= 0 or self.restart_margin == float("inf"):
-            raise ValueError(f"restart_margin must be a finite number >= 0, not {restart_margin!r}")
-        if isinstance(tenure, str):  # from a command line "dp:tenure=0"
-            if tenure.lower() not in ("0", "1", "true", "false", "yes", "no"):
-                raise ValueError(f"tenure must be a boolean, not {tenure!r}")
-            tenure = tenure.lower() in ("1", "true", "yes")
-        self.tenure = bool(tenure)
-        if isinstance(round_trip, str):  # "dp:round_trip=0"
-            if round_trip.lower() not in ("0", "1", "true", "false", "yes", "no"):
-                raise ValueError(f"round_trip must be a boolean, not {round_trip!r}")
-            round_trip = round_trip.lower() in ("1", "true", "yes")
-        self.round_trip = bool(round_trip)
-        self.backoff = _number("backoff", backoff)
-        if not 0 <= self.backoff < float("inf"):
-            raise ValueError(f"backoff must be a finite number >= 0, not {backoff!r}")
+        self.restart_margin = number_option("restart_margin", restart_margin, low=0)
+        self.tenure = bool_option("tenure", tenure)
+        self.round_trip = bool_option("round_trip", round_trip)
+        self.backoff = number_option("backoff", backoff, low=0)
         if realloc not in ("life", "share"):
             raise ValueError(f"realloc must be 'life' or 'share', not {realloc!r}")
         self.realloc = realloc
-        self.thrash_cap = _number("thrash_cap", thrash_cap)
-        if not 0 <= self.thrash_cap < 1:
-            raise ValueError(f"thrash_cap must be a number in [0, 1), not {thrash_cap!r}")
-        self.rank_cap = _number("rank_cap", rank_cap)
-        if not self.rank_cap >= 1:
-            raise ValueError(f"rank_cap must be a number >= 1, not {rank_cap!r}")
-        fills_n = _number("fills", fills)
-        if not (0 <= fills_n < float("inf") and fills_n == int(fills_n)):
-            raise ValueError(f"fills must be a whole number >= 0, not {fills!r}")
-        self.fills = int(fills_n)
-        self.age_credit = _number("age_credit", age_credit)
-        if not 0 <= self.age_credit < float("inf"):
-            raise ValueError(f"age_credit must be a finite number >= 0, not {age_credit!r}")
-        self.credit_cap = _number("credit_cap", credit_cap)
-        if not 0 <= self.credit_cap:
-            raise ValueError(f"credit_cap must be a number >= 0, not {credit_cap!r}")
+        self.thrash_cap = number_option("thrash_cap", thrash_cap, low=0, high=1, open_high=True)
+        self.rank_cap = number_option("rank_cap", rank_cap, low=1, finite=False)
+        self.fills = int(number_option("fills", fills, low=0, whole=True))
+        self.age_credit = number_option("age_credit", age_credit, low=0)
+        self.credit_cap = number_option("credit_cap", credit_cap, low=0, finite=False)
         if isinstance(infer, str):  # "dp:infer=1"
             if infer.lower() not in ("0", "1", "true", "false", "yes", "no", "pooled"):
-                raise ValueError(f"infer must be a boolean or 'model', not {infer!r}")
+                raise ValueError(f"infer must be a boolean or 'pooled', not {infer!r}")
             infer = "pooled" if infer.lower() == "pooled" else infer.lower() in ("1", "true", "yes")
         from slurm_elastic.policies._sizes import SizeHistory
 
         self.sizes = SizeHistory(pooled=infer == "pooled") if infer else None  # what jobs that report no work left are inferred to have
         self.admission = admission
-        self.starvation_s = _number("starvation_s", starvation_s)
+        self.starvation_s = number_option("starvation_s", starvation_s, low=0, finite=False)
         self.objective = objective
         if unranked not in ("pnorm", "las"):
             raise ValueError(f"unranked must be 'pnorm' or 'las', not {unranked!r}")
         self.unranked = unranked
-        self.ranked = _number("ranked", ranked)
-        if not 0 <= self.ranked <= 1:
-            raise ValueError(f"ranked must be a share in [0, 1], not {ranked!r}")
-        self.placement = placement  # re-solve until the allocation places on the nodes (policies/_placement)
+        self.ranked = number_option("ranked", ranked, low=0, high=1)
+        self.placement = bool_option("placement", placement)  # re-solve until the allocation places on the nodes (policies/_placement)
 
     def learned(self) -> dict:
         """The sizes ended jobs had (``infer``), kept across a daemon restart."""

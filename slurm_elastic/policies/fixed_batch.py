@@ -20,14 +20,14 @@ import numpy as np
 
 from slurm_elastic.policies._candidates import build_allocation, make_candidates
 from slurm_elastic.policies._placement import make_placeable
-from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
+from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy, number_option
 
 
 class FixedBatchPolicy(Policy):
     name = "fixed-batch"
 
     def __init__(self, starvation_s: float = 3600.0):
-        self.starvation_s = float(starvation_s)
+        self.starvation_s = number_option("starvation_s", starvation_s, low=0, finite=False)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         t0 = time.perf_counter()

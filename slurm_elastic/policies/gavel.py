@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy, number_option
 
 
 def _size_batch(req) -> tuple[int, int]:
@@ -44,7 +44,7 @@ class GavelPolicy(Policy):
     preemptive = True
 
     def __init__(self, round_s: float = 360.0):
-        self.round_s = float(round_s)
+        self.round_s = number_option("round_s", round_s, low=0, open_low=True)
         self._clock = 0.0
         self._next_round = 0.0
         self._ages: dict = {}

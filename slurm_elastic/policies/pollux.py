@@ -16,17 +16,15 @@ import time
 
 from slurm_elastic.policies._candidates import build_allocation, make_candidates
 from slurm_elastic.policies._placement import solve_placeable
-from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy
+from slurm_elastic.policies.base import Allocation, AllocationProblem, Policy, number_option
 
 
 class PolluxDPPolicy(Policy):
     name = "pollux-dp"
 
     def __init__(self, p: float = -1.0, starvation_s: float = 3600.0):
-        if not p < 0:
-            raise ValueError(f"p must be negative (Pollux uses -1), not {p}")
-        self.p = float(p)
-        self.starvation_s = float(starvation_s)
+        self.p = number_option("p", p, high=0, open_high=True)  # negative: Pollux uses -1
+        self.starvation_s = number_option("starvation_s", starvation_s, low=0, finite=False)
 
     def allocate(self, problem: AllocationProblem) -> Allocation:
         from slurm_elastic.profiles.goodput import efficiency_for_request

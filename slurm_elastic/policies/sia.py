@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from slurm_elastic.policies._candidates import build_allocation, make_candidates
 from slurm_elastic.policies._placement import solve_placeable
-from slurm_elastic.policies.base import Allocation, AllocationProblem, JobRequest, Policy
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobRequest, Policy, number_option
 
 
 def _one_gpu_rate(req: JobRequest, model) -> float:
@@ -46,7 +46,7 @@ class SiaPolicy(Policy):
     name = "sia"
 
     def __init__(self, starvation_s: float = 3600.0):
-        self.starvation_s = float(starvation_s)
+        self.starvation_s = number_option("starvation_s", starvation_s, low=0, finite=False)
         self._rates: dict = {}  # job id -> {pool: 1-GPU samples/s}, as seen when it could use every pool
 
     def _weights(self, problem: AllocationProblem) -> AllocationProblem:

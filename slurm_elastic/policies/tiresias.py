@@ -2,7 +2,8 @@
 
 Gu et al., NSDI'19. Jobs are never resized: each runs at its requested GPUs and batch. Priority is
 attained service in GPU-seconds (GPUs x time run, the "2D" of 2D-LAS), discretized into queues by
-``thresholds_gpu_s`` (default one threshold at 1 GPU-hour: Tiresias's two-queue setting); within a
+``thresholds_gpu_s`` (default one threshold at 1 GPU-hour: Tiresias's two-queue setting; in a spec string
+several as ``tiresias:thresholds_gpu_s=3600/36000``); within a
 queue, first come first served. Every cycle the jobs are taken in that order and each gets its
 requested size while it fits (a job that does not fit is passed, as Tiresias's placement does); a
 running job that is not reached is preempted (checkpoint, requeue, hold): this policy needs the
@@ -21,7 +22,7 @@ import time
 
 from slurm_elastic.policies._placement import _shape, start_map
 from slurm_elastic.policies._tables import allowed_counts, job_table
-from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy
+from slurm_elastic.policies.base import Allocation, AllocationProblem, JobAllocation, Policy, number_option
 
 
 class TiresiasPolicy(Policy):
@@ -30,7 +31,10 @@ class TiresiasPolicy(Policy):
     preemptive = True
 
     def __init__(self, thresholds_gpu_s: tuple[float, ...] = (3600.0,)):
-        self.thresholds = tuple(sorted(float(t) for t in thresholds_gpu_s))
+        if isinstance(thresholds_gpu_s, (str, int, float)):  # "tiresias:thresholds_gpu_s=3600/36000"
+            thresholds_gpu_s = str(thresholds_gpu_s).split("/")
+        self.thresholds = tuple(sorted(number_option("thresholds_gpu_s", t, low=0, open_low=True)
+                                       for t in thresholds_gpu_s))
 
     def _queue(self, attained: float) -> int:
         return sum(attained >= t for t in self.thresholds)

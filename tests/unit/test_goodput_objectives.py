@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -299,12 +301,40 @@ def test_completion_needs_ranks_and_falls_back_to_pnorm_when_most_jobs_report_no
 def test_a_bad_dp_option_from_a_spec_string_names_the_option():
     # options come as strings from "dp:key=value" specs (simulate --compare, evaluate)
     for key, bad in (("age_credit", "x"), ("ranked", "abc"), ("starvation_s", None), ("restart_margin", "4s")):
-        with pytest.raises(ValueError, match=f"^{key} must be a number, not "):
+        with pytest.raises(ValueError, match=f"^{key} must be a (finite )?number.*, not "):
             get_policy("dp", **{key: bad})
     for bad in ("2.5", -1, "inf", "nan", "y"):
         with pytest.raises(ValueError, match="^fills must be a"):
             get_policy("dp", fills=bad)
     assert get_policy("dp", fills="2", age_credit="8").fills == 2
+
+
+def test_every_policy_checks_its_options_by_name_and_range():
+    """Options from "policy:key=value" specs are strings: each policy names a bad one and its range
+    (not Python's 'could not convert string to float'), takes the string form of a good one, and an
+    option it does not have is refused with the ones it has (a misspelt option must not run defaults)."""
+    bad = [("pollux-dp", "p", "1", "p must be a finite number < 0, not '1'"),
+           ("pollux-dp", "starvation_s", "soon", "starvation_s must be a number >= 0, not 'soon'"),
+           ("sia", "starvation_s", "-3", "starvation_s must be a number >= 0, not '-3'"),
+           ("fixed-batch", "starvation_s", "nan", "starvation_s must be a number >= 0, not 'nan'"),
+           ("gavel", "round_s", "0", "round_s must be a finite number > 0, not '0'"),
+           ("tiresias", "thresholds_gpu_s", "3600/x", "thresholds_gpu_s must be a finite number > 0, not 'x'"),
+           ("dp", "thrash_cap", "1", "thrash_cap must be a finite number >= 0 and < 1, not '1'"),
+           ("dp", "tenure", "maybe", "tenure must be a boolean (0/1, true/false, yes/no), not 'maybe'"),
+           ("dp", "placement", "off", "placement must be a boolean (0/1, true/false, yes/no), not 'off'"),
+           ("dp", "infer", "x", "infer must be a boolean or 'pooled', not 'x'")]
+    for name, key, value, message in bad:
+        with pytest.raises(ValueError) as e:
+            get_policy(name, **{key: value})
+        assert str(e.value) == message, (name, key)
+    assert get_policy("pollux-dp", p="-2", starvation_s="inf").p == -2.0
+    assert get_policy("gavel", round_s="60").round_s == 60.0
+    assert get_policy("tiresias", thresholds_gpu_s="36000/3600").thresholds == (3600.0, 36000.0)
+    assert get_policy("dp", placement="0").placement is False and get_policy("dp", rank_cap="inf").rank_cap == math.inf
+    with pytest.raises(ValueError, match=r"^policy 'dp' has no option 'age_credt' \(its options: admission, .*age_credit"):
+        get_policy("dp", age_credt="8")
+    with pytest.raises(ValueError, match=r"^policy 'static' has no option 'p' \(its options: none\)$"):
+        get_policy("static", p="-1")
 
 
 def test_a_waiting_job_is_told_how_jobs_were_valued_ranks_or_the_fallback_and_why():
