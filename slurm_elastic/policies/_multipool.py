@@ -25,7 +25,9 @@ Solution, in three steps:
    the admission witnesses are used, moved toward that choice (:func:`_assign`).
 3. **Per-pool exact DP**: with the pools fixed, each pool is the single-pool problem, solved by the
    exact knapsack and the placement re-solve (:func:`._placement.solve_placeable`), for each search's
-   assignment (a pool whose job set repeats is solved once); the better total is the answer.
+   assignment (a pool whose job set repeats is solved once); the better total is the answer. A running
+   job sent to another pool is offered there only the choices the move rule (:data:`MOVE_MIN_GAIN`)
+   lets the prices see, and its minimum there is the least of them.
 
 When the jobs that may use several pools admit at most ``enumerate_limit`` assignments in all, step
 2's assignment is replaced by trying every one (then the answer is ``Q``'s optimum up to placement).
@@ -90,6 +92,9 @@ class PoolQ:
     sc: np.ndarray | None = None  # (job, pool) -> ref_p / ref_best (the dense form of ``scale``)
     home: dict[int, int] | None = None  # running job that may move -> the pool it runs in
     move: np.ndarray | None = None  # per problem job: the value share a move keeps (1 - its restart share)
+    # per pool: which of its candidate choices may be taken (False: a move's choice the move rule refuses,
+    # MOVE_MIN_GAIN); the per-pool DP offers a job that moves in only these, as the prices saw it
+    movable: list[np.ndarray] | None = None
 
 
 def _with_model(req, model, spec=None):
@@ -242,6 +247,7 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
                 closed.update(opts)
     # items, vectorised per pool
     J, Pi, F, W, V = [], [], [], [], []
+    movable = [np.ones(c.values.size, bool) for c in cands]
     for i, (gj, lo, hi, counts) in enumerate(seg):
         if not gj.size:
             continue
@@ -260,7 +266,25 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
             better = (at_home[jf] > 0) & (v >= (1.0 + MOVE_MIN_GAIN) * at_home[jf])
             ok = ~away | up | better
             if not ok.all():
+                # a moved job's choice the rule refuses is not offered here at all (not only to the prices):
+                # the per-pool DP took any count in the pool it was sent to, so a job on 1 A100 was moved to
+                # 1 RTX (-41%) to free its A100, against the rule
+                mov = np.zeros(cnt.size, bool)
+                mov[idx[ok]] = True
+                gone = np.zeros(cnt.size, bool)
+                gone[idx[away]] = True
+                movable[i] = ~gone | mov
+                moved = np.unique(jf[away])
                 jf, idx, v = jf[ok], idx[ok], v[ok]
+                # a moved job's minimum there is the least count it may move to (0: none), so that what the
+                # assignment reserves for it is what the pool's DP will give it at least
+                minc[moved, i] = 0
+                ka = away[ok]
+                if ka.any():
+                    least = np.full(n, np.iinfo(np.int64).max, np.int64)
+                    np.minimum.at(least, jf[ka], cnt[idx[ka]])
+                    has = least < np.iinfo(np.int64).max
+                    minc[has, i] = least[has]
         J.append(jf)
         Pi.append(np.full(idx.size, i, np.int64))
         F.append(idx)
@@ -274,7 +298,7 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
     return PoolQ(cands, local, standing.tolist(), reasons, witness, job_a[order], cat(Pi, np.int64)[order],
                  cat(F, np.int64)[order], cat(W, np.int64)[order], cat(V, np.float64)[order],
                  np.array([s.total_gpus for s in subs], np.int64), scale, minc, [x[0] for x in seg], sc,
-                 {j: int(i) for j, i in enumerate(home.tolist()) if i >= 0}, move)
+                 {j: int(i) for j, i in enumerate(home.tolist()) if i >= 0}, move, movable)
 
 
 @njit(cache=True)
@@ -508,6 +532,8 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     gone = (~take) & (st_k == ADMITTED) & (assign[gj] >= 0) if gj.size else np.zeros(0, bool)
     freed = int(q.minc[gj[gone], i].sum()) if gone.any() else 0
     keep_item = take[pos] & ~(req_opt[pos] & (counts == 0))
+    if q.movable is not None:
+        keep_item &= q.movable[i]
     flat = np.flatnonzero(keep_item)
     kp = pos[flat]
     kc = counts[flat]

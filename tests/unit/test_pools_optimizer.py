@@ -306,3 +306,45 @@ def test_waiting_reason_counts_ranks_among_the_jobs_ranked():
                 said += 1
                 assert int(m.group(1)) < int(m.group(2)) <= len(jobs), a.reason
     assert said > 0  # the instances do make jobs wait behind shorter ones
+
+
+def test_a_moved_job_gets_only_a_size_the_move_rule_allows():
+    """Found on Sia's cluster: an imagenet job on 1 A100 was moved to 1 RTX (-41% samples/s) so that its
+    A100 could go to another job. The move rule (_multipool.MOVE_MIN_GAIN) filtered the prices' items, but
+    the pool's exact DP then offered the moved job every count there. Now a job that leaves its pool runs
+    there on a faster type per GPU, or at least MOVE_MIN_GAIN more samples/s than it has at home."""
+    from slurm_elastic.policies._multipool import MOVE_MIN_GAIN
+
+    moved = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        pools = (Pool("fast", "a100", ("p",), (("f0", 4),), 4), Pool("slow", "t4", ("p",), (("s0", 4), ("s1", 4)), 4))
+        speed = {"fast": 300.0, "slow": 100.0}
+        jobs, used = [], {"fast": 0, "slow": 0}
+        for j in range(rng.randint(3, 8)):
+            spec = replace(toy_spec(min_gpus=1, max_gpus=rng.choice([1, 2, 4, 8]), batch=32), min_batch=32,
+                           max_batch=256, max_local_batch=128)
+            pm = tuple((p, LinearModel(s)) for p, s in speed.items())
+            left = float(rng.randint(1, 100)) * 1e5
+            home = rng.choice(["fast", "slow", ""])
+            k = min(spec.max_gpus, rng.choice([1, 2, 4]))
+            nodes = {"fast": ("f0",), "slow": ("s0",) if used["slow"] + k <= 4 else ("s1",)}.get(home, ())
+            if home and used[home] + k <= (4 if home == "fast" else 8):
+                used[home] += k
+                jobs.append(JobRequest(j, spec, pm[0][1] if home == "fast" else pm[1][1], running_gpus=k,
+                                       running_batch=32, pool=f"{home}", pools=("fast", "slow"), nodes=nodes,
+                                       gpus_per_node=k, pool_models=pm, remaining_samples=left, restart_s=30.0,
+                                       held_s=3600.0))
+            else:
+                jobs.append(JobRequest(j, spec, pm[0][1], pools=("fast", "slow"), pool_models=pm,
+                                       remaining_samples=left))
+        problem = AllocationProblem(total_gpus=12, node_size=4, jobs=tuple(jobs), pools=pools, horizon_s=3600.0)
+        alloc = DPPolicy().allocate(problem)
+        for req in jobs:
+            a = alloc.jobs[req.job_id]
+            if req.running_gpus and a.gpus and a.pool != req.pool:
+                moved += 1
+                before = speed[req.pool] * req.running_gpus
+                assert speed[a.pool] >= (1 + MOVE_MIN_GAIN) * speed[req.pool] or \
+                    a.samples_per_s >= (1 + MOVE_MIN_GAIN) * before, (seed, req.job_id, a)
+    assert moved > 0  # the instances do move jobs
