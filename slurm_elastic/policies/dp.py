@@ -126,22 +126,38 @@ class DPPolicy(Policy):
     def objective_for(self, problem: AllocationProblem, inferred: dict | None = None) -> str:
         """The objective this problem is solved with (with ``unranked="pnorm"``): ``completion`` while at
         least half of the jobs report the work they have left, or the share ``ranked`` (3/4) have a
-        reported or inferred one; else ``pnorm``. A reported remaining work is the job's own count
-        (under the trust rule); an inferred one is an estimate from its model's history, so ranks resting
+        reported or inferred one, each user counted once (:meth:`_shares`); else ``pnorm``. A reported
+        remaining work is the job's own count (under the trust rule); an inferred one is an estimate from its model's history, so ranks resting
         on estimates need more of them. Not across several pools: p-norm values are per pool there
         (``_multipool``), blind to a faster GPU type. ``inferred``: :meth:`_inferred`'s answer, when the
         caller has it."""
         if self.objective != "completion" or self.unranked != "pnorm" or not problem.jobs or len(problem.pools) > 1:
             return self.objective
-        reported, inferred_n = self._known(problem, inferred)
-        n = len(problem.jobs)
-        return "completion" if 2 * reported >= n or reported + inferred_n >= self.ranked * n else "pnorm"
+        rep, known = self._shares(problem, inferred)
+        return "completion" if rep >= 0.5 or known >= self.ranked - 1e-12 else "pnorm"
 
     def _known(self, problem: AllocationProblem, inferred: dict | None = None) -> tuple[int, int]:
         """How many jobs report a remaining work, and for how many more one is inferred."""
         if inferred is None:
             inferred = self._inferred(problem)
         return sum(r.remaining_samples is not None for r in problem.jobs), len(inferred)
+
+    def _shares(self, problem: AllocationProblem, inferred: dict | None = None) -> tuple[float, float]:
+        """(share of jobs reporting their work left, share with a reported or inferred one), each user
+        counted once: the mean over users of the shares of her jobs. Who submits many jobs, reporting or
+        not, must not switch how every other user's jobs are valued; with one user (or none named) these
+        are the plain shares of jobs."""
+        if inferred is None:
+            inferred = self._inferred(problem)
+        per: dict[str, list[int]] = {}
+        for j, r in enumerate(problem.jobs):
+            c = per.setdefault(r.user or "", [0, 0, 0])
+            c[0] += 1
+            c[1] += r.remaining_samples is not None
+            c[2] += r.remaining_samples is not None or j in inferred
+        if not per:
+            return 0.0, 0.0
+        return (sum(c[1] / c[0] for c in per.values()) / len(per), sum(c[2] / c[0] for c in per.values()) / len(per))
 
     def _inferred(self, problem: AllocationProblem) -> dict[int, float]:
         """Job index -> GPU-seconds left, inferred from its model's ended and running jobs, for jobs that report none
@@ -173,9 +189,17 @@ class DPPolicy(Policy):
         if objective != self.objective:  # the p-norm fallback: a waiting job's reason says why
             n = len(problem.jobs)
             reported, inferred_n = self._known(problem, inferred)
-            plan.valuation = (f"; jobs valued by speedup, not work left: {reported} of {n} report it, {inferred_n} "
-                              f"inferred (ranks need {math.ceil(n / 2)} reported or "
-                              f"{math.ceil(self.ranked * n)} in all)")
+            users = len({r.user or "" for r in problem.jobs})
+            if users > 1:
+                rep, known = self._shares(problem, inferred)
+                plan.valuation = (f"; jobs valued by speedup, not work left: {reported} of {n} report it, {inferred_n} "
+                                  f"inferred; by user, {rep:.0%} of a user's jobs report it, {known:.0%} with the "
+                                  f"inferred (ranks need 50% or {self.ranked:.0%}; each of the {users} users "
+                                  f"counts once)")
+            else:
+                plan.valuation = (f"; jobs valued by speedup, not work left: {reported} of {n} report it, "
+                                  f"{inferred_n} inferred (ranks need {math.ceil(n / 2)} reported or "
+                                  f"{math.ceil(self.ranked * n)} in all)")
         return plan
 
     def allocate(self, problem: AllocationProblem) -> Allocation:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -335,6 +336,28 @@ def test_every_policy_checks_its_options_by_name_and_range():
         get_policy("dp", age_credt="8")
     with pytest.raises(ValueError, match=r"^policy 'static' has no option 'p' \(its options: none\)$"):
         get_policy("static", p="-1")
+
+
+def test_one_user_with_many_jobs_does_not_switch_how_everyone_is_valued():
+    """dp values jobs by their work left while half of them report it (else Pollux's p-norm). Counted
+    per job, one user's 10 reporting jobs switch the cluster to ranks over two other users who report
+    nothing, and her 10 silent ones switch it off for two who report; each user counts once."""
+    s = spec(batch=64)
+    flood = tuple(job(i, s, remaining_samples=1e4 * (i + 1), user="mallory") for i in range(10))
+    others = (job(10, s, user="alice"), job(11, s, user="bob"))
+    dp = get_policy("dp")
+    assert dp.objective_for(AllocationProblem(8, 4, flood + others)) == "pnorm"  # 1/3 of users' shares
+    a = dp.allocate(AllocationProblem(8, 4, flood + others))
+    waiting = [x.reason for x in a.jobs.values() if x.gpus == 0]
+    assert waiting and all(r.endswith(
+        "; jobs valued by speedup, not work left: 10 of 12 report it, 0 inferred; by user, 33% of a user's jobs "
+        "report it, 33% with the inferred (ranks need 50% or 75%; each of the 3 users counts once)") for r in waiting)
+    silent = tuple(job(i, s, user="mallory") for i in range(10))
+    reporting = (job(10, s, remaining_samples=1e4, user="alice"), job(11, s, remaining_samples=1e5, user="bob"))
+    assert dp.objective_for(AllocationProblem(8, 4, silent + reporting)) == "completion"  # 2/3 of users
+    # one user (or none named): the plain shares of jobs, as before
+    same = tuple(replace(r, user="") for r in flood + others)
+    assert dp.objective_for(AllocationProblem(8, 4, same)) == "completion"  # 10 of 12 jobs
 
 
 def test_a_waiting_job_is_told_how_jobs_were_valued_ranks_or_the_fallback_and_why():
