@@ -127,8 +127,8 @@ class DPPolicy(Policy):
         """The objective this problem is solved with (with ``unranked="pnorm"``): ``completion`` while at
         least half of the jobs report the work they have left, or the share ``ranked`` (3/4) have a
         reported or inferred one, each user counted once (:meth:`_shares`); else ``pnorm``. A reported
-        remaining work is the job's own count (under the trust rule); an inferred one is an estimate from its model's history, so ranks resting
-        on estimates need more of them. Not across several pools: p-norm values are per pool there
+        remaining work is the job's own count (under the trust rule); an inferred one is an estimate from
+        its model's history, so ranks resting on estimates need more of them. Not across several pools: p-norm values are per pool there
         (``_multipool``), blind to a faster GPU type. ``inferred``: :meth:`_inferred`'s answer, when the
         caller has it."""
         if self.objective != "completion" or self.unranked != "pnorm" or not problem.jobs or len(problem.pools) > 1:
