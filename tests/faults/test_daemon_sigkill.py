@@ -34,6 +34,9 @@ EPOCHS, N = 8, 3 * 400
 # 0.3 s a step: about 45 s of training at 2 GPUs, so a daemon slowed by a loaded CI machine still signals the
 # job well before it finishes (at 0.1 s a step the job could end before the first life's signal: CI saw it)
 STEP_DELAY = 0.3
+# One batch: the grow this test is about must not hang on the job's own noise scale. With a batch range
+# (32-512), CI once saw the job report a small one and dp shrink it 2 -> 1 at batch 32 ('+13% goodput').
+ONE_BATCH = "elastic:min_gpus=1,max_gpus=4,min_batch=64,max_batch=64,max_local_batch=32,batch=64"
 
 
 def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_path, reliability):
@@ -48,7 +51,7 @@ def test_sigkill_after_every_step_of_a_resize_then_restart(slurm_cluster, tmp_pa
     jid = 0
     daemon = None
     try:
-        jid = submit_template_job(slurm_cluster, tmp_path, "A", epochs=EPOCHS, step_delay=STEP_DELAY)
+        jid = submit_template_job(slurm_cluster, tmp_path, "A", spec=ONE_BATCH, epochs=EPOCHS, step_delay=STEP_DELAY)
         write_config(cfg, state, max_gpus_per_job=2)
         daemon = DaemonProc.cli(slurm_cluster, cfg, tmp_path / "life0.log")
         wait_for(lambda: (j := slurm_cluster.backend.get_job(jid)) and j.is_running, 60, "the job to start")
