@@ -76,6 +76,14 @@ def _daemon(c, state: Path, **over) -> Daemon:
     return d
 
 
+def _count_seen(d: Daemon, c, jid: int) -> int | None:
+    """After a cycle: the job's GPU count in Slurm when the daemon's run evidence holds running time at
+    that count (what verifies a throughput point), else None."""
+    d.cycle()
+    k = jobs_by_id(c, [jid])[jid].gpus_total
+    return k if k > 0 and d.models.evidence.seconds_on(jid, k) > 0 else None
+
+
 def _views(d: Daemon) -> dict:
     return d.db.job_views()
 
@@ -128,8 +136,12 @@ def test_forged_claims_buy_no_gpus_and_no_place_in_the_queue(lua_cluster, users,
             wait_for(both_run, 90, "both twins to run")
         except AssertionError as e:
             raise AssertionError(f"{e}: {jobs_by_id(c, [honest, forger])} {_views(d)}") from None
+        seen = {}
         for jid, dd, pw in ((honest, hd, hpw), (forger, fd, fpw)):
-            k = jobs_by_id(c, [jid])[jid].gpus_total
+            # the point at the GPU count the daemon itself saw the job run on: a count read from Slurm
+            # alone could be one the daemon's run evidence did not hold yet (a CI run saw 'not verified')
+            k = seen[jid] = wait_for(lambda jid=jid: _count_seen(d, c, jid), 30,
+                                     f"the daemon to see job {jid} run at the GPU count Slurm shows")
             _report(dd, pw, points=[{"gpus": k, "batch": 64, "samples_per_s": 500.0}], samples_seen=1000,
                     total_samples=1_000_000, noise_scale=300.0, base_batch=64)
         time.sleep(7)
@@ -140,7 +152,8 @@ def test_forged_claims_buy_no_gpus_and_no_place_in_the_queue(lua_cluster, users,
         assert "1e+06 samples done" in src[forger] and "not used" not in src[forger], src[forger]
 
         # the forger's noise scale: 1e12 is clipped to 10 x max_batch
-        k = jobs_by_id(c, [forger])[forger].gpus_total
+        k = seen[forger]
+        assert jobs_by_id(c, [forger])[forger].gpus_total == k  # cooldown_s=3600: never resized
         _report(fd, fpw, points=[{"gpus": k, "batch": 64, "samples_per_s": 500.0}], samples_seen=1000,
                 total_samples=1_000_000, noise_scale=1e12, base_batch=64)
         d.cycle()
