@@ -59,7 +59,11 @@ same batch (``start_smaller``; off for gang-scheduled policies such as ``static`
 or move that cannot be placed is tried again after the later grows and moves (one of them may leave the
 node it needs), and if it still has no place is left for a later cycle (its GPUs go to the starts placed
 after it) and named in ``Plan.blocked``, so that the cycle can solve again without it
-(``enact.run_cycle``). A shrink always fits in the GPUs it frees.
+(``enact.run_cycle``). A shrink always fits in the GPUs it frees. Moves between pools that each need
+the GPUs another of them leaves (a cycle: a job on the A100s moved to the RTX nodes that a job moved to
+those A100s holds) are made together: every member is requeued, each pinned to its new pool, so Slurm
+starts each once the others have left; made only if all of them can be placed that way and the count
+and ``max_in_flight`` take them all, with the reason "made with the moves that free its GPUs".
 
 Placement: ``nodes`` and GPUs per node follow :meth:`ElasticSpec.placement` (k <= node size on one
 node, larger k on whole nodes), unless the policy already gave a node count.
@@ -382,6 +386,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     throttled = 0  # grows max_in_flight deferred
     unplaced: set = set()  # starts and grows that found no placement
     gated = False  # a start or grow the count turned away
+    counted_out: list[_Pending] = []  # grows and moves the count turned away (for place_together)
     blocked: set = set()  # running jobs whose grow or move found no place or no GPUs by the count (Plan.blocked)
     placer = _Placer(node_free, node_size) if node_free is not None else None
     pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
@@ -558,6 +563,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             deferred += 1
             gated = True
             blocked.add(v.job_id)
+            counted_out.append(p)
             return None
         if not take_slot(p):  # before the map: a deferred grow must not hold its target's GPUs there
             throttled += 1
@@ -582,18 +588,72 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     # A grow that found no place may find one once a later move has left its nodes (found on Sia's
     # cluster: a move onto the T4s that a shrink and a lower-priority move were vacating was turned away,
     # and the GPUs those left idled for a cycle while a job waited): tried again while any is made.
-    retry = [p for p in grows if place_grow(p) is False]
-    while retry:
-        left = []
-        for p in retry:
-            deferred -= 1
-            unplaced.discard(p.view.job_id)
-            blocked.discard(p.view.job_id)
-            if place_grow(p) is False:
-                left.append(p)
-        if len(left) == len(retry):
-            break
-        retry = left
+    def deferred_back(p: _Pending) -> None:
+        """Undo what turning ``p`` away counted, before it is tried again."""
+        nonlocal deferred
+        deferred -= 1
+        unplaced.discard(p.view.job_id)
+        blocked.discard(p.view.job_id)
+
+    def retried(retry: list[_Pending]) -> list[_Pending]:
+        """Try the grows and moves that found no place again while any is made; those still left."""
+        while retry:
+            left = []
+            for p in retry:
+                deferred_back(p)
+                if place_grow(p) is False:
+                    left.append(p)
+            if len(left) == len(retry):
+                break
+            retry = left
+        return retry
+
+    def place_together(moves: list[_Pending]) -> set:
+        """Moves between pools that each need GPUs another of them leaves (a cycle: A's new nodes are
+        B's and B's are A's) are never placed one at a time. Place them as one: every member's nodes
+        given back, each placed in its new pool; a member with no place even then is dropped and the
+        rest tried again. Made only if the count and ``max_in_flight`` take them all; the ids made."""
+        nonlocal committed, in_flight
+        start = dict(placer.free)
+        while len(moves) >= 2:
+            placer.free = dict(start)
+            for p in moves:
+                placer.give_back(p.view.nodes, p.view.gpus_per_node)
+            placed, left = [], []
+            for p in moves:
+                placer.scope(pool_by.get(p.alloc.pool))
+                (placed if placer.take(*placer.shape(p.view, p.alloc.gpus)) is not None else left).append(p)
+            if left:
+                moves = placed
+                continue
+            grow = sum(p.alloc.gpus - p.view.gpus for p in moves)
+            if committed + grow > capacity or in_flight + len(moves) > config.max_in_flight:
+                break
+            committed += grow
+            in_flight += len(moves)
+            for p in moves:
+                v, a = p.view, p.alloc
+                deferred_back(p)
+                placer.scope(pool_by.get(a.pool))
+                d, nodes, gpn = _decision(a, v, placer.node_size, seq_of(v))
+                actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d,
+                                           f"{a.reason or 'policy: move'}; made with the moves that free its GPUs",
+                                           **_pin(a, v, pool_by))
+            return {p.view.job_id for p in moves}
+        placer.free = start
+        return set()
+
+    retry = retried([p for p in grows if place_grow(p) is False])
+    if placer is not None and len(pool_by) > 1:
+        # a cycle of moves (found on Sia's cluster, workload 7: a job on 7 A100s moved to 16 RTX GPUs held by
+        # a job moved to those A100s; both 'no placement' for 25 minutes while GPUs idled)
+        seen: set = set()
+        moving = [p for p in (*retry, *counted_out) if not (p.view.job_id in seen or seen.add(p.view.job_id))
+                  and actions[p.view.job_id].kind == "leave" and p.alloc.pool in pool_by
+                  and _moves(p.alloc, p.view, pool_by)]
+        moving.sort(key=lambda p: p.order)
+        if len(moving) >= 2 and (made := place_together(moving)):
+            retry = retried([p for p in retry if p.view.job_id not in made])
     blocked |= {p.view.job_id for p in retry}
     resized = tuple(a.job_id for a in actions.values() if a.kind == "resize") if placer is not None else ()
     for p in sorted(admitted, key=lambda p: -p.alloc.gpus):  # largest first: a 1-GPU start takes no node a larger one needs

@@ -30,6 +30,7 @@ import pytest
 from slurm_elastic.daemon.config import load_config
 from slurm_elastic.daemon.loop import Daemon
 from slurm_elastic.demo import write_daemon_config
+from slurm_elastic.policies.base import Allocation, JobAllocation, Policy
 from slurm_elastic.spec import parse_decision
 from tests.chroot_paths import same_path_on_host
 
@@ -247,6 +248,91 @@ def test_daemon_moves_a_job_to_the_fast_type_when_it_frees(pools_cluster):
             assert moved.partition == "v100" and moved.gpu_type == "" and moved.restart_count >= 1
             moves = [x for x in d.db.decisions() if x["job_id"] == job and x["action"] == "resize"]
             assert moves and "moved from a100:a100" in moves[-1]["reason"], moves
+        finally:
+            d.close()
+            for j in ids:
+                c.run_tool("scancel", str(j))
+
+
+class _Targets(Policy):
+    """The test's own decisions: each named job at 8 GPUs in the pool of the GPU type the test gives it (what
+    is under test here is the planner, the enactor and Slurm carrying a cycle of moves out, not a policy's
+    choice of one; a policy choosing such a swap is in tests/unit/test_planner.py and the heterogeneous
+    simulator)."""
+
+    name = "targets"
+
+    def __init__(self):
+        self.where: dict[int, str] = {}
+
+    def allocate(self, problem):
+        out = {}
+        for r in problem.jobs:
+            pool = next((p for p in problem.pools if p.gpu_type == self.where.get(int(r.job_id))), None)
+            out[r.job_id] = (JobAllocation(r.job_id, 8, batch=64, local_batch=8, pool=pool.name, reason="test: swap")
+                             if pool is not None else JobAllocation(r.job_id, 0, reason="test: not now"))
+        return Allocation(out, policy=self.name)
+
+
+def test_two_jobs_that_swap_gpu_types_are_moved_together(pools_cluster):
+    """Issue 23 live: a cycle of moves. Job X runs on the two a100 nodes (2 x 4), job Y on one v100 node (8),
+    a rigid job holds the other v100 node; then X is to run on v100 and Y on a100, so each move needs the GPUs
+    the other leaves. One at a time neither is ever placed (the planner left both 'no placement' while
+    GPUs idled: found on Sia's cluster in the simulator); made together, Slurm requeues both and starts
+    each in its new partition once the other has left, gres untyped as submitted, on 22.05 and 24.11."""
+    c = pools_cluster
+    work = c.job_dir("pools-swap")
+    with same_path_on_host(c, work):
+        work.chmod(0o755)
+        (work / "acker.py").write_text(ACKER.replace("signal.signal(", STEPPED + "signal.signal(", 1))
+        cfg_path = work / "elastic.toml"
+        write_daemon_config(cfg_path, work / "state", 9789)
+        cfg_path.write_text(cfg_path.read_text().replace("cooldown_s = 8", "cooldown_s = 2").replace(
+            "restart_cost_s = 5", "restart_cost_s = 2") + 'metrics_address = ""\npartitions = ["a100", "v100"]\n')
+        d = Daemon(load_config(cfg_path), backend=c.backend)
+        ids: list[int] = []
+        d.open()
+        targets = _Targets()
+        d.policy.inner = targets
+        try:
+            spec = "elastic:min_gpus=8,max_gpus=8,min_batch=64,max_batch=64,max_local_batch=8,batch=64"
+            x = _submit(c, work, "swap-x", ["-p", "a100,v100", "--gres=gpu:1"], spec)
+            y = _submit(c, work, "swap-y", ["-p", "a100,v100", "--gres=gpu:1"], spec)
+            ids += [x, y]
+            targets.where = {x: "a100", y: "v100"}
+
+            def wait(pred, what, limit=120):
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < limit:
+                    d.cycle()
+                    r = {j: c.backend.get_job(j) for j in (x, y)}
+                    if all(v is not None for v in r.values()) and pred(r):
+                        return r
+                    time.sleep(1)
+                raise AssertionError((what, {j: c.backend.get_job(j) for j in (x, y)}, d.db.decisions()[-8:]))
+
+            first = wait(lambda r: r[x].is_running and set(r[x].nodes) == A100 and r[y].is_running
+                         and set(r[y].nodes) <= V100, "x on both a100 nodes, y on a v100 node")
+            free_v100 = sorted(V100 - set(first[y].nodes))
+            blocker = c.sbatch(["-p", "v100", "--gres=gpu:v100:8", "-w", free_v100[0], "--job-name=pools-swap-blocker",
+                                "-o", "/dev/null", "--wrap", "sleep 300"], cwd=work)
+            ids.append(blocker)
+            t_block = time.monotonic()
+            while not (b := c.backend.get_job(blocker)) or not b.is_running:
+                assert time.monotonic() - t_block < 60, ("blocker never ran", b)
+                time.sleep(1)
+            t0 = time.monotonic()
+            targets.where = {x: "v100", y: "a100"}
+            moved = wait(lambda r: r[x].is_running and set(r[x].nodes) <= V100 and r[y].is_running
+                         and set(r[y].nodes) == A100, "x on v100 and y on a100", limit=180)
+            print(f"swap: x {first[x].nodes} -> {moved[x].nodes}, y {first[y].nodes} -> {moved[y].nodes} in "
+                  f"{time.monotonic() - t0:.0f} s (restarts {moved[x].restart_count} / {moved[y].restart_count})")
+            assert moved[x].partition == "v100" and moved[y].partition == "a100"
+            assert moved[x].gpu_type == "" and moved[y].gpu_type == ""  # gres left untyped, as submitted
+            assert set(moved[x].nodes) == set(first[y].nodes)  # each took the GPUs the other left
+            swaps = [r for r in d.db.decisions() if r["job_id"] in (x, y) and r["action"] == "resize"]
+            assert {r["job_id"] for r in swaps} == {x, y}, swaps
+            assert all("made with the moves that free its GPUs" in r["reason"] for r in swaps), swaps
         finally:
             d.close()
             for j in ids:

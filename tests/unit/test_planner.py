@@ -305,3 +305,43 @@ def test_a_grow_is_placed_on_the_node_a_later_move_leaves_and_what_cannot_be_pla
     a = to(g=(4, "t4"), x=(2, "t4"), m=(4, "t4"))
     p = pl.plan(a, jobs, {}, 0.0, capacity=12, node_size=4, node_free=free, pools=pools)
     assert kinds(p)["g"] == ("leave", None) and p.blocked == {"g"} and p.committed_gpus == 8
+
+
+def test_moves_that_each_need_the_gpus_another_leaves_are_made_together():
+    """Found on Sia's cluster (workload 7, per-model restarts): a job on 7 A100s was moved to 16 RTX GPUs held
+    by a job moved to those A100s. Each move needed the other's GPUs first, so neither was ever placed and
+    both jobs stayed put, 'no placement', for 25 minutes while GPUs idled. A cycle of moves is made as one:
+    every job of it requeued, each started in its new pool once the others have left. A three-job cycle whose
+    biggest move the count alone turns away (it needs GPUs two moves free) is made too; a move whose place
+    the cycle does not free is left, and the others are made without it."""
+    from slurm_elastic.policies.base import Pool
+
+    pools = (Pool("rtx", "rtx", ("gpu",), (("r0", 8), ("r1", 8)), 8), Pool("a100", "a100", ("gpu",), (("a0", 8),), 8),
+             Pool("t4", "t4", ("gpu",), (("t0", 4),), 4))
+    spec = toy_spec(max_gpus=16, gpus_per_node=None)
+
+    def run(*jobs, free, **where):
+        a = Allocation({j: JobAllocation(j, g, batch=16, local_batch=16 // g, pool=p) for j, (g, p) in where.items()})
+        views = [pl.JobView(j, pl.RUNNING, k, 16, 1.0, spec, nodes, k // len(nodes)) for j, k, nodes in jobs]
+        return pl.plan(a, views, {}, 0.0, capacity=28, node_size=8, node_free=free, pools=pools)
+
+    p = run(("fast", 7, ("a0",)), ("slow", 16, ("r0", "r1")), free={"r0": 0, "r1": 0, "a0": 1, "t0": 4},
+            fast=(16, "rtx"), slow=(8, "a100"))
+    assert kinds(p) == {"fast": ("resize", 16), "slow": ("resize", 8)}, [a.reason for a in p.actions]
+    assert not p.blocked and p.committed_gpus == 24  # was: both left, 'no placement', 23 committed
+    assert all("made with the moves that free its GPUs" in a.reason for a in p.actions)
+    assert {a.job_id: (a.gpu_type, a.nodes, a.gpus_per_node) for a in p.actions} == {"fast": ("rtx", 2, 8),
+                                                                                        "slow": ("a100", 1, 8)}
+
+    # three jobs: big 8 A100 -> 16 RTX (+8: the count turns it away alone), mid 8 RTX -> 4 T4, small 8 RTX -> 8 A100
+    p = run(("big", 8, ("a0",)), ("mid", 8, ("r0",)), ("small", 8, ("r1",)), free={"r0": 0, "r1": 0, "a0": 0, "t0": 4},
+            big=(16, "rtx"), mid=(4, "t4"), small=(8, "a100"))
+    assert kinds(p) == {"big": ("resize", 16), "mid": ("resize", 4), "small": ("resize", 8)}
+    assert p.committed_gpus == 28 and not p.blocked
+
+    # the same, but the T4 node is taken: mid cannot leave r0, so big has no place; small alone frees no GPU
+    # it could take (a0 is big's): nothing is made, and each says why
+    p = run(("big", 8, ("a0",)), ("mid", 8, ("r0",)), ("small", 8, ("r1",)), free={"r0": 0, "r1": 0, "a0": 0, "t0": 0},
+            big=(16, "rtx"), mid=(4, "t4"), small=(8, "a100"))
+    assert {j: k for j, (k, _) in kinds(p).items()} == {"big": "leave", "mid": "leave", "small": "leave"}
+    assert p.blocked == {"big", "mid", "small"} and p.committed_gpus == 24
