@@ -195,6 +195,18 @@ def _run(c, work: Path) -> None:
         _scontrol(c, "update", f"NodeName={DRAINED}", "State=RESUME")
 
 
+def _stepping_daemon(c, work, extra: str = "") -> Daemon:
+    """A daemon over both pools, with short cooldown and restart cost, whose jobs run the acker that also
+    reports its first step at each start (the planner moves no job before one); ``extra``: more config."""
+    work.chmod(0o755)
+    (work / "acker.py").write_text(ACKER.replace("signal.signal(", STEPPED + "signal.signal(", 1))
+    cfg_path = work / "elastic.toml"
+    write_daemon_config(cfg_path, work / "state", 9789)
+    cfg_path.write_text(cfg_path.read_text().replace("cooldown_s = 8", "cooldown_s = 2").replace(
+        "restart_cost_s = 5", "restart_cost_s = 2") + 'metrics_address = ""\npartitions = ["a100", "v100"]\n' + extra)
+    return Daemon(load_config(cfg_path), backend=c.backend)
+
+
 def test_daemon_moves_a_job_to_the_fast_type_when_it_frees(pools_cluster):
     """Issue 23 live: a job allowed on both types, started on the slow one (a100 here: the site says v100
     runs 3x faster, ``gpu_speed``) while a rigid job fills the fast one, is moved to the fast one once it
@@ -204,15 +216,7 @@ def test_daemon_moves_a_job_to_the_fast_type_when_it_frees(pools_cluster):
     c = pools_cluster
     work = c.job_dir("pools-move")
     with same_path_on_host(c, work):
-        work.chmod(0o755)
-        # the acker that also reports its first step at each start (the planner moves no job before one)
-        (work / "acker.py").write_text(ACKER.replace("signal.signal(", STEPPED + "signal.signal(", 1))
-        cfg_path = work / "elastic.toml"
-        write_daemon_config(cfg_path, work / "state", 9789)
-        cfg_path.write_text(cfg_path.read_text().replace("cooldown_s = 8", "cooldown_s = 2").replace(
-            "restart_cost_s = 5", "restart_cost_s = 2") + 'metrics_address = ""\npartitions = ["a100", "v100"]\n'
-            "gpu_speed = {a100 = 1.0, v100 = 3.0}\n")
-        d = Daemon(load_config(cfg_path), backend=c.backend)
+        d = _stepping_daemon(c, work, "gpu_speed = {a100 = 1.0, v100 = 3.0}\n")
         ids: list[int] = []
         d.open()
         try:
@@ -283,13 +287,7 @@ def test_two_jobs_that_swap_gpu_types_are_moved_together(pools_cluster):
     c = pools_cluster
     work = c.job_dir("pools-swap")
     with same_path_on_host(c, work):
-        work.chmod(0o755)
-        (work / "acker.py").write_text(ACKER.replace("signal.signal(", STEPPED + "signal.signal(", 1))
-        cfg_path = work / "elastic.toml"
-        write_daemon_config(cfg_path, work / "state", 9789)
-        cfg_path.write_text(cfg_path.read_text().replace("cooldown_s = 8", "cooldown_s = 2").replace(
-            "restart_cost_s = 5", "restart_cost_s = 2") + 'metrics_address = ""\npartitions = ["a100", "v100"]\n')
-        d = Daemon(load_config(cfg_path), backend=c.backend)
+        d = _stepping_daemon(c, work)
         ids: list[int] = []
         d.open()
         targets = _Targets()
