@@ -278,7 +278,9 @@ Reading the table:
   all such starts, summed over the workloads. A running job may move to a type at least 10% faster per
   GPU, or to a choice on any type worth 10% more than what it has at home net of the move's restart
   (more GPUs of a slower type; `policies/_multipool.py` MOVE_MIN_GAIN), charged its restart as a resize
-  is; the planner pins the new type by partition or ExcNodeList, never by retyping the gres.
+  is; the planner pins the new type by partition or ExcNodeList, never by retyping the gres. Moves that
+  each need GPUs another leaves (a cycle) are made together (before that, per-model restarts: 0.627 h
+  mean / 9.19 h p99 / 13.1 h longest, 912 moves, 3 idle-while-waiting cycles).
 - *held > 30 min*: jobs that for more than 30 minutes ran at a size that was wrong, by two measures.
   *Short by truth*: GPUs of their type idle, and growing onto them would, at the job's true speed on
   that type, have saved more of its remaining time than one restart costs (`sim/engine.py`
