@@ -313,17 +313,19 @@ def test_moves_that_each_need_the_gpus_another_leaves_are_made_together():
     both jobs stayed put, 'no placement', for 25 minutes while GPUs idled. A cycle of moves is made as one:
     every job of it requeued, each started in its new pool once the others have left. A three-job cycle whose
     biggest move the count alone turns away (it needs GPUs two moves free) is made too; a move whose place
-    the cycle does not free is left, and the others are made without it."""
+    the cycle does not free is left, and the others are made without it; a cycle that ``max_in_flight`` cannot
+    take whole is not begun."""
     from slurm_elastic.policies.base import Pool
 
     pools = (Pool("rtx", "rtx", ("gpu",), (("r0", 8), ("r1", 8)), 8), Pool("a100", "a100", ("gpu",), (("a0", 8),), 8),
              Pool("t4", "t4", ("gpu",), (("t0", 4),), 4))
     spec = toy_spec(max_gpus=16, gpus_per_node=None)
 
-    def run(*jobs, free, **where):
+    def run(*jobs, free, config=None, **where):
         a = Allocation({j: JobAllocation(j, g, batch=16, local_batch=16 // g, pool=p) for j, (g, p) in where.items()})
         views = [pl.JobView(j, pl.RUNNING, k, 16, 1.0, spec, nodes, k // len(nodes)) for j, k, nodes in jobs]
-        return pl.plan(a, views, {}, 0.0, capacity=28, node_size=8, node_free=free, pools=pools)
+        return pl.plan(a, views, {}, 0.0, capacity=28, node_size=8, node_free=free, pools=pools,
+                       config=config or pl.PlannerConfig())
 
     p = run(("fast", 7, ("a0",)), ("slow", 16, ("r0", "r1")), free={"r0": 0, "r1": 0, "a0": 1, "t0": 4},
             fast=(16, "rtx"), slow=(8, "a100"))
@@ -332,6 +334,11 @@ def test_moves_that_each_need_the_gpus_another_leaves_are_made_together():
     assert all("made with the moves that free its GPUs" in a.reason for a in p.actions)
     assert {a.job_id: (a.gpu_type, a.nodes, a.gpus_per_node) for a in p.actions} == {"fast": ("rtx", 2, 8),
                                                                                         "slow": ("a100", 1, 8)}
+    # one resize slot: half a cycle would leave both stuck, so neither is made (and each is blocked)
+    p = run(("fast", 7, ("a0",)), ("slow", 16, ("r0", "r1")), free={"r0": 0, "r1": 0, "a0": 1, "t0": 4},
+            config=pl.PlannerConfig(max_in_flight=1), fast=(16, "rtx"), slow=(8, "a100"))
+    assert {j: k for j, (k, _) in kinds(p).items()} == {"fast": "leave", "slow": "leave"}
+    assert p.blocked == {"fast", "slow"} and p.committed_gpus == 23
 
     # three jobs: big 8 A100 -> 16 RTX (+8: the count turns it away alone), mid 8 RTX -> 4 T4, small 8 RTX -> 8 A100
     p = run(("big", 8, ("a0",)), ("mid", 8, ("r0",)), ("small", 8, ("r1",)), free={"r0": 0, "r1": 0, "a0": 0, "t0": 4},
