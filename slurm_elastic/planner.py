@@ -651,7 +651,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
         moving = [p for p in (*retry, *counted_out) if not (p.view.job_id in seen or seen.add(p.view.job_id))
                   and actions[p.view.job_id].kind == "leave" and p.alloc.pool in pool_by
                   and _moves(p.alloc, p.view, pool_by)]
-        moving.sort(key=lambda p: p.order)
+        moving.sort(key=lambda p: (-p.alloc.gpus, p.order))  # largest first, as the starts (best fit decreasing)
         if len(moving) >= 2 and (made := place_together(moving)):
             retry = retried([p for p in retry if p.view.job_id not in made])
     blocked |= {p.view.job_id for p in retry}

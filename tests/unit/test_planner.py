@@ -334,6 +334,14 @@ def test_moves_that_each_need_the_gpus_another_leaves_are_made_together():
     assert all("made with the moves that free its GPUs" in a.reason for a in p.actions)
     assert {a.job_id: (a.gpu_type, a.nodes, a.gpus_per_node) for a in p.actions} == {"fast": ("rtx", 2, 8),
                                                                                         "slow": ("a100", 1, 8)}
+    # largest first (best fit decreasing, as the starts): the 2-GPU move into the RTX pool, placed first by
+    # priority, took the node the 8-GPU one needed and nothing was made; now the two 8-GPU moves are made
+    p = run(("tiny", 4, ("t0",)), ("small", 8, ("r0",)), ("big", 8, ("a0",)), ("other", 7, ("r1",)),
+            free={"r0": 0, "r1": 1, "a0": 0, "t0": 0}, tiny=(2, "rtx"), small=(8, "a100"), big=(8, "rtx"))
+    assert kinds(p) == {"tiny": ("leave", None), "small": ("resize", 8), "big": ("resize", 8),
+                        "other": ("leave", None)}
+    assert p.blocked == {"tiny"} and p.committed_gpus == 27
+
     # one resize slot: half a cycle would leave both stuck, so neither is made (and each is blocked)
     p = run(("fast", 7, ("a0",)), ("slow", 16, ("r0", "r1")), free={"r0": 0, "r1": 0, "a0": 1, "t0": 4},
             config=pl.PlannerConfig(max_in_flight=1), fast=(16, "rtx"), slow=(8, "a100"))
