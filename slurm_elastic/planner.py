@@ -522,6 +522,13 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     def seq_of(v: JobView) -> int:
         return books.get(v.job_id, JobBook()).seq + 1
 
+    def resize(p: _Pending, why: str) -> None:
+        """Record ``p``'s grow or move: its decision at the node size of the pool the placer is scoped to,
+        pinned to its pool."""
+        v, a = p.view, p.alloc
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
+        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, why, **_pin(a, v, pool_by))
+
     for p in shrinks:
         if not take_slot(p):
             continue
@@ -580,9 +587,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
                 in_flight -= 1  # its slot back
                 return False
         committed += a.gpus - v.gpus
-        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
-        actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d, a.reason or "policy: grow",
-                                   **_pin(a, v, pool_by))
+        resize(p, a.reason or "policy: grow")
         return True
 
     # A grow that found no place may find one once a later move has left its nodes (found on Sia's
@@ -632,13 +637,9 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             committed += grow
             in_flight += len(moves)
             for p in moves:
-                v, a = p.view, p.alloc
                 deferred_back(p)
-                placer.scope(pool_by.get(a.pool))
-                d, nodes, gpn = _decision(a, v, placer.node_size, seq_of(v))
-                actions[v.job_id] = Resize(v.job_id, v.gpus, a.gpus, nodes, gpn, d,
-                                           f"{a.reason or 'policy: move'}; made with the moves that free its GPUs",
-                                           **_pin(a, v, pool_by))
+                placer.scope(pool_by.get(p.alloc.pool))
+                resize(p, f"{p.alloc.reason or 'policy: move'}; made with the moves that free its GPUs")
             return {p.view.job_id for p in moves}
         placer.free = start
         return set()
@@ -647,10 +648,8 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     if placer is not None and len(pool_by) > 1:
         # a cycle of moves (found on Sia's cluster, workload 7: a job on 7 A100s moved to 16 RTX GPUs held by
         # a job moved to those A100s; both 'no placement' for 25 minutes while GPUs idled)
-        seen: set = set()
-        moving = [p for p in (*retry, *counted_out) if not (p.view.job_id in seen or seen.add(p.view.job_id))
-                  and actions[p.view.job_id].kind == "leave" and p.alloc.pool in pool_by
-                  and _moves(p.alloc, p.view, pool_by)]
+        moving = [p for p in {p.view.job_id: p for p in (*retry, *counted_out)}.values()
+                  if actions[p.view.job_id].kind == "leave" and _moves(p.alloc, p.view, pool_by)]
         moving.sort(key=lambda p: (-p.alloc.gpus, p.order))  # largest first, as the starts (best fit decreasing)
         if len(moving) >= 2 and (made := place_together(moving)):
             retry = retried([p for p in retry if p.view.job_id not in made])
