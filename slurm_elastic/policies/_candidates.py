@@ -32,6 +32,7 @@ Admission (the first two objectives, lexicographic, before any optimisation):
 from __future__ import annotations
 
 import gc
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -76,6 +77,10 @@ class Candidates:
     ranked_among: int = 0
     # what a waiting job's reason adds about how jobs were valued (DPPolicy's p-norm fallback says why)
     valuation: str = ""
+    # per optimised job: the value kept by a grow or a move (``factor`` with the life capped at the
+    # grow's expected hold, ``grow_hazard``); None: as ``factor``
+    factor_up: np.ndarray | None = None
+    hold: dict[int, float] = field(default_factory=dict)  # job index -> a grow's expected hold, s (where finite)
 
 
 _ZERO7 = np.zeros((7, 1))
@@ -113,6 +118,7 @@ def make_candidates(
     age_credit: float = 0.0,
     credit_cap: float = float("inf"),
     inferred: dict | None = None,
+    grow_hold=None,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
@@ -127,7 +133,10 @@ def make_candidates(
     while their remaining times differ by more than ``age_credit`` x the older one's extra age: what
     short jobs may take from long ones is bounded (issue 23 item 7, tails); ``credit_cap``: the credit is at
     most that share of the job's remaining time, so a job at least ``1 / (1 - credit_cap)`` times shorter
-    still outranks it, however old (inf: uncapped). ``inferred``: job index -> GPU-seconds left, inferred for
+    still outranks it, however old (inf: uncapped). ``grow_hold`` (``completion``, ``life``):
+    ``(job id, share of the jobs that outrank it) -> seconds`` (:meth:`~slurm_elastic.policies._hold.GrowHold.hold_s`):
+    a grow or a move of a running job pays its restart back over at most its restart and the longer of
+    that and the time it has held its size, how long the GPUs it takes are expected to stay its own. ``inferred``: job index -> GPU-seconds left, inferred for
     jobs that report no work left (policies/_sizes), used for their remaining time over their minimum.
     ``realloc="pollux"``: instead, Pollux's re-allocation factor (OSDI'21 section 4.2),
     ``max(0, (T - S d) / (T + d))`` with T the job's age, S its rescales so far and d its restart time
@@ -262,8 +271,24 @@ def make_candidates(
         return 1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff)
 
     factor = np.array([rescale_factor(j) if running[j] > 0 else 1.0 for j in dp_list])
+    factor_up = None
+    holds: dict[int, float] = {}
+    if grow_hold is not None and objective == "completion" and realloc == "life" and dp_list:
+        outranked = (len(dp_list) - _ranks(remaining)) / len(dp_list)
+        for q, (j, s) in enumerate(zip(dp_list, outranked.tolist(), strict=True)):
+            h = grow_hold(jobs[j].job_id, s) if running[j] > 0 else math.inf
+            if jobs[j].held_s is not None:  # what its size has lasted is evidence too (tenure's premise)
+                h = max(h, float(jobs[j].held_s))
+            if math.isfinite(h):
+                holds[j] = h
+                if factor_up is None:
+                    factor_up = factor.copy()
+                factor_up[q] = _rescale_factor(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff,
+                                               thrash_cap, hold_s=h)
     r_rep = np.repeat(run_a, lens_a)
     pen = np.where((r_rep > 0) & (counts != r_rep), np.repeat(factor, lens_a), 1.0)
+    if factor_up is not None:
+        pen = np.where((r_rep > 0) & (counts > r_rep), np.repeat(factor_up, lens_a), pen)
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
     speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
     scale = np.repeat(_scale(objective, wt, remaining, rank_cap), lens_a)
@@ -311,7 +336,7 @@ def make_candidates(
     goodput = {j: v for j, v in cur_rate.items() if effs[j][0] is not None}
     return Candidates(problem, tabs, refs, status, reasons, free, dp_jobs, offsets, weights, values, cols, keep,
                       current, factor, gross, goodput, (realloc, restart_margin, tenure, backoff, thrash_cap), ahead,
-                      ranked_among=len(dp_list))
+                      ranked_among=len(dp_list), factor_up=factor_up, hold=holds)
 
 
 @contextmanager
@@ -449,16 +474,18 @@ def thrash_share(req, problem, margin: float, tenure: bool, backoff: float, cap:
 
 
 def _rescale_factor(req, problem, cur_value: float | None, margin: float = 4.0, tenure: bool = True,
-                    backoff: float = 0.0, cap: float = 0.5) -> float:
+                    backoff: float = 0.0, cap: float = 0.5, hold_s: float = math.inf) -> float:
     """The share of a new size's value a rescale keeps: ``(1 - restart_s / life) x (1 - thrash)``.
 
     The first factor is the progress rule: a rescale from rate c to n pays when the job, restarted, ends
     sooner than if kept (``restart + W / n < W / c``, W the work left, ``life = W / c``), that is when
     ``n x (1 - restart / life) > c``. The second is :func:`thrash_share`, at most ``cap``: a gain of more
     than ``1 / ((1 - cap) x (1 - restart / life))`` always pays, for any restart cost and any history
-    (a job on 1 GPU that 24 would speed up 15 times is grown, however often it was resized)."""
-    life = life_s(req, problem, cur_value)
+    (a job on 1 GPU that 24 would speed up 15 times is grown, however often it was resized). ``hold_s``:
+    how long the new size is expected to train before it is changed again (a grow's,
+    :class:`~slurm_elastic.policies._hold.GrowHold`): the life is at most its restart and that."""
     r = restart_s(req)
+    life = min(life_s(req, problem, cur_value), r + hold_s)
     if life <= r:
         return 0.0
     return (1.0 - r / life) * (1.0 - thrash_share(req, problem, margin, tenure, backoff, cap))
@@ -686,5 +713,8 @@ def _charge(plan: Candidates, j: int, r: float) -> str:
     life = life_s(req, plan.problem, cur)
     thr = thrash_share(req, plan.problem, margin, tenure, backoff, cap)
     held = f", held {req.held_s / 60:.0f} min" if tenure and req.held_s is not None else ""
+    hold = plan.hold.get(j)
+    kept = (f"; a grow would keep its GPUs about {hold / 60:.0f} min (how soon this job's grows were undone "
+            f"lately)" if hold is not None and r + hold < life else "")
     return (f" over its expected {life / 3600:.1f} h life; anti-thrash {thr:.0%} after {req.rescales} "
-            f"rescale{'s' if req.rescales != 1 else ''}{held}")
+            f"rescale{'s' if req.rescales != 1 else ''}{held}{kept}")

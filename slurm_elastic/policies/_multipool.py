@@ -191,7 +191,8 @@ def build_q(problem: AllocationProblem, candidates, *, admission: str = "priorit
             c = cands[i]
             k = local[i][j]
             pos = np.flatnonzero(c.dp_jobs == k)
-            move[j] = float(c.factor[pos[0]]) if pos.size else 0.0
+            up = c.factor if c.factor_up is None else c.factor_up  # a move takes GPUs, as a grow does
+            move[j] = float(up[pos[0]]) if pos.size else 0.0
             if pos.size:  # what it has at home: its current count and batch (no restart), else unknown (0)
                 lo, hi = int(c.offsets[pos[0]]), int(c.offsets[pos[0] + 1])
                 kept = np.flatnonzero(c.keep[lo:hi])
@@ -561,7 +562,8 @@ def _solve_pool(q: PoolQ, i: int, assign: np.ndarray, placement: bool, name: str
     sub = replace(c, problem=problem, status=status, reasons=reasons, capacity=max(0, capacity),
                   dp_jobs=np.asarray(keep_jobs, np.int64), offsets=offsets, weights=weights, values=values,
                   cols=c.cols[:, flat] if flat.size else np.zeros((7, 0)), keep=c.keep[flat],
-                  factor=c.factor[take], gross=c.gross[flat] * sc)
+                  factor=c.factor[take], gross=c.gross[flat] * sc,
+                  factor_up=None if c.factor_up is None else c.factor_up[take])
     if not keep_jobs.size:
         chosen = np.zeros(0, np.int64)
     elif placement:

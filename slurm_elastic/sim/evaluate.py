@@ -53,6 +53,7 @@ VARIANTS = (("dp:objective=goodput", "dp, objective goodput (sum of goodput spee
              "dp, rescale stability off (restart over its expected life, no anti-thrash share)"),
             ("dp:age_credit=0", "dp, no age credit (pure SRPT ranks; the default before this change)"),
             ("dp:credit_cap=inf", "dp, age credit 4 uncapped (an old job may outrank any shorter one)"),
+            ("dp:hold=0", "dp, no grow hold (a grow's restart paid back over the job's whole life; before)"),
             ("dp:restart_margin=8,backoff=0.15", "dp, the anti-thrash share's margin 8 and back-off 0.15 per "
                                                  "rescale (the defaults before margin 4, no back-off)"),
             ("dp:realloc=share,restart_margin=8,backoff=0.15", "dp, the old restart charge (margin x (1 + backoff x "
@@ -97,6 +98,9 @@ def _policy(spec: str):
 # Section 5: restart costs other than the flat 30 s (workloads/ 1-5), each run as "<policy>:restart=<s|model>".
 RESTARTS = (("dp:restart=10", "dp, 10 s"), ("dp:restart=250", "dp, 250 s"), ("dp:restart=600", "dp, 600 s"),
             ("dp:restart=model", "dp, per model (Sia: 15-250 s)"),
+            ("dp:hold=0,restart=250", "dp without the grow hold (before), 250 s"),
+            ("dp:hold=0,restart=600", "dp without the grow hold (before), 600 s"),
+            ("dp:hold=0,restart=model", "dp without the grow hold (before), per model"),
             ("dp:restart=model,noprogress", "dp, per model, no job reporting progress"),
             ("pollux-dp:restart=250", "pollux-dp, 250 s"), ("pollux-dp:restart=model", "pollux-dp, per model"),
             ("dp:restart_margin=8,backoff=0.15,restart=10", "dp, margin 8 and back-off 0.15 (before), 10 s"),
@@ -184,7 +188,7 @@ def tasks(pollux: str) -> list:
     out += [("goodput", v, "workloads", n, pollux) for v, _ in NO_PROGRESS if v not in dict(VARIANTS)
             for n in range(1, 6)]
     out += [("goodput", v, folder, n, pollux) for v, _ in SILENT for folder in SETS for n in range(1, 6)]
-    out += [("goodput", v, "workloads-2.0", n, pollux) for v in ("dp:age_credit=0", "dp:credit_cap=inf")
+    out += [("goodput", v, "workloads-2.0", n, pollux) for v in ("dp:age_credit=0", "dp:credit_cap=inf", "dp:hold=0")
             for n in range(1, 6)]
     out += [("goodput", v, "workloads-2.0", n, pollux) for v, _ in TRUST[1:] for n in range(1, 6)]
     return out
@@ -271,12 +275,13 @@ def main(argv=None) -> int:
 
 
 def _kept_hetero(path: Path) -> str:
-    """The heterogeneous section (``sim.evaluate_hetero`` writes it between its markers): kept as it is."""
+    """The heterogeneous section (``sim.evaluate_hetero`` writes it between its markers) and the hand-written
+    notes after it: kept as they are."""
     from slurm_elastic.sim.evaluate_hetero import BEGIN, END
 
     doc = path.read_text() if path.exists() else ""
     if BEGIN in doc and END in doc:
-        return "\n" + doc[doc.index(BEGIN):doc.index(END) + len(END)] + "\n"
+        return "\n" + doc[doc.index(BEGIN):].rstrip("\n") + "\n"
     return ""
 
 
@@ -425,11 +430,12 @@ def document(R: dict, minutes: float) -> str:
     out.append("When some jobs report their progress and the others do not (picked by a hash of the job's name), "
                "average JCT h:\n")
     out.append(_both_loads_table(R, SILENT, "reports"))
-    out.append("Age credit at 2x load (`workloads-2.0/`, means over workloads 1-5; lower is better):\n")
+    out.append("Age credit and the grow hold at 2x load (`workloads-2.0/`, means over workloads 1-5; lower is better):\n")
     rows = []
     for spec, label in (("dp", "dp (default: age credit 4, at most 97% of what a job has left)"),
                         ("dp:age_credit=0", "dp, pure SRPT ranks (before)"),
-                        ("dp:credit_cap=inf", "dp, age credit 4 uncapped"), ("pollux-dp", "pollux-dp")):
+                        ("dp:credit_cap=inf", "dp, age credit 4 uncapped"),
+                        ("dp:hold=0", "dp, no grow hold (before)"), ("pollux-dp", "pollux-dp")):
         ms = [R.get(("goodput", spec, "workloads-2.0", n)) for n in range(1, 6)]
         if all(ms):
             rows.append([label, h(_mean([m["avg_jct_s"] for m in ms])), h(_mean([m["p95_jct_s"] for m in ms])),

@@ -29,9 +29,10 @@ from slurm_elastic.sim.hetero import SIA_DATA, WORKLOADS, run, summary_line
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- hetero:begin -->", "<!-- hetero:end -->"
 # dp:objective=goodput: the same optimizer without the SRPT ranks (the mean-against-tail trade, measured)
+# dp:hold=0: dp before the grow hold (policies/_hold.py), the rule it replaced, at every restart cost
 DEFAULT_RUNS = (("sia", ("dp", "dp:bootstrap", "dp:profiled", "dp:objective=goodput", "dp:restart_margin=8,backoff=0.15",
-                         "sia", "gavel")),
-                ("flat", ("dp", "dp:bootstrap", "sia")), ("600", ("dp", "dp:bootstrap", "sia")))
+                         "dp:hold=0", "sia", "gavel")),
+                ("flat", ("dp", "dp:bootstrap", "dp:hold=0", "sia")), ("600", ("dp", "dp:bootstrap", "dp:hold=0", "sia")))
 LABELS = {"sia": "per-model restart costs (Sia's: 15-250 s), first start charged",
           "flat": "a flat 30 s restart, first start charged"}
 # Sia's paper, Table 3 (heterogeneous 64 GPUs, Philly traces, mean over workloads), hours.
@@ -305,6 +306,9 @@ Reading the table:
   tail gap is the price of its ranks (short jobs first: they take the fast types and the GPUs the long
   imagenet jobs would grow onto), not of the optimizer, the type choice or what `dp` knows
   (`dp:profiled`).
+- `dp:hold=0`: `dp` without the grow hold (the default before it): a grow or a move pays its restart
+  back over the job's whole expected life, not over how long grows lately kept their GPUs
+  (`policies/_hold.py`; a long job's grow lasts until a shorter job wants the GPUs).
 - `dp:...restart_margin=1,tenure=0,backoff=0,round_trip=0` (when in the cache): `dp` with its rescale
   stability rules off (a rescale charged only its restart over min(horizon, remaining time); the
   one-type section's variant of the same name); with `:profiled` too, a rough view of what the two
@@ -316,8 +320,8 @@ Reading the table:
   job's full table on every type at no cost (Sia profiles each job on one GPU per type, then learns); a
   running job moves only through a stop and a new start (a restart), as on Slurm.
 
-Regenerate: `python -m slurm_elastic.sim.evaluate_hetero --cache /tmp/hetero-cache` (96 runs over 2
-processes; one run takes 8-25 s of an idle core, so about 10 minutes; an hour or more on the shared
+Regenerate: `python -m slurm_elastic.sim.evaluate_hetero --cache /tmp/hetero-cache` (128 runs over 2
+processes; one run takes 8-25 s of an idle core, so about 15 minutes; an hour or more on the shared
 2-core machine under load). One workload and two policies, printed only:
 `python -m slurm_elastic.sim.evaluate_hetero --workloads 1 --policies dp,sia --restart sia --no-write`.
 """
