@@ -78,7 +78,7 @@ class Candidates:
     # what a waiting job's reason adds about how jobs were valued (DPPolicy's p-norm fallback says why)
     valuation: str = ""
     # per optimised job: the value kept by a grow or a move (``factor`` with the life capped at the
-    # grow's expected hold, ``grow_hazard``); None: as ``factor``
+    # grow's expected hold, ``grow_hold``); None: as ``factor``
     factor_up: np.ndarray | None = None
     hold: dict[int, float] = field(default_factory=dict)  # job index -> a grow's expected hold, s (where finite)
 
@@ -271,12 +271,15 @@ def make_candidates(
         return 1.0 - _restart_share(jobs[j], problem, cur_rate.get(j), restart_margin, tenure, backoff)
 
     factor = np.array([rescale_factor(j) if running[j] > 0 else 1.0 for j in dp_list])
+    # ``completion``: how many optimised jobs rank ahead of each (by work left, shorter first)
+    n_ahead = (len(dp_list) - _ranks(remaining)).astype(np.int64) if objective == "completion" and dp_list else None
     factor_up = None
     holds: dict[int, float] = {}
-    if grow_hold is not None and objective == "completion" and realloc == "life" and dp_list:
-        outranked = (len(dp_list) - _ranks(remaining)) / len(dp_list)
-        for q, (j, s) in enumerate(zip(dp_list, outranked.tolist(), strict=True)):
-            h = grow_hold(jobs[j].job_id, s) if running[j] > 0 else math.inf
+    if grow_hold is not None and n_ahead is not None and realloc == "life":
+        for q, (j, a) in enumerate(zip(dp_list, n_ahead.tolist(), strict=True)):
+            if running[j] <= 0:
+                continue
+            h = grow_hold(jobs[j].job_id, a / len(dp_list))
             if jobs[j].held_s is not None:  # what its size has lasted is evidence too (tenure's premise)
                 h = max(h, float(jobs[j].held_s))
             if math.isfinite(h):
@@ -292,9 +295,7 @@ def make_candidates(
     ref_rep = np.repeat(refs[dp_jobs], lens_a) if dp_list else np.empty(0)
     speedup = cols[6] / np.where(ref_rep > 0, ref_rep, 1.0)
     scale = np.repeat(_scale(objective, wt, remaining, rank_cap), lens_a)
-    ahead = {}
-    if objective == "completion" and dp_list:
-        ahead = dict(zip(dp_list, (len(dp_list) - _ranks(remaining)).astype(np.int64).tolist(), strict=True))
+    ahead = dict(zip(dp_list, n_ahead.tolist(), strict=True)) if n_ahead is not None else {}
     net = speedup * pen
     if round_trip and dp_list:
         at_min = np.array([float(tabs[j].value[0]) / refs[j] if len(tabs[j]) and refs[j] > 0 else 0.0
