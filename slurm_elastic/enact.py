@@ -333,7 +333,10 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
         if book is not None and book.submitted_s is not None:  # Slurm's own restarted at our requeue
             age = max(0.0, now - book.submitted_s, age or 0.0)
         if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
-            jobs[i] = replace(req, frozen=True, held_s=since, rescales=n, age_s=age)
+            pool = req.pool
+            if view.status == pl.STARTING and not pool and len(snap.problem.pools) > 1:
+                pool = _released_to(view, book, req, snap.problem.pools)
+            jobs[i] = replace(req, frozen=True, held_s=since, rescales=n, age_s=age, pool=pool)
             changed = True
         elif since is not None or n or age != req.age_s:
             jobs[i] = replace(req, held_s=since, rescales=n, age_s=age)
@@ -343,16 +346,32 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
     return replace(snap, problem=replace(snap.problem, jobs=tuple(jobs)))
 
 
-RESOLVES = 2  # solves after the first, at most, when a grow or move the planner could not make left GPUs idle
+def _released_to(view: pl.JobView, book: pl.JobBook | None, req, pools) -> str:
+    """The pool a released job that Slurm has not started was pinned to (its partition, less the nodes its
+    last start excluded), or "" if that is not one pool. Without it the policy saw the job in every pool it
+    may use and, in one whose table lacks its count, gave it fewer GPUs than the planner keeps for it (found
+    on Sia's cluster: 16 RTX GPUs released, 8 in the allocation, so a 7-GPU start it counted on there was
+    turned away and two GPUs idled while that job waited)."""
+    ex = set(book.excluded) if book is not None else set()
+    names = set(req.pools) if req.pools else {p.name for p in pools}
+    left = [p.name for p in pools if p.name in names and any(
+        n not in ex and (view.start_nodes is None or n in view.start_nodes) for n, _ in p.node_capacity)]
+    return left[0] if len(left) == 1 else ""
+
+
+RESOLVES = 3  # solves after the first, at most, when what the planner could not make (or held again) left GPUs idle
 
 
 def _kept_why(a: JobAllocation, planner_reason: str) -> str:
     """The reason a job kept at its size for a re-solve shows: what it was to get and why it could not."""
     where = f" in {a.pool}" if a.pool else ""
-    what = "no place on the nodes yet" if planner_reason.startswith("no placement") else \
-        "GPUs still held by other jobs"
-    return (f"kept at its size this cycle: its {a.gpus} GPUs{where} had {what}; the others were solved again "
-            f"for the GPUs that would idle")
+    if planner_reason.startswith("max_in_flight"):
+        what = f"its change to {a.gpus} GPUs{where} waits for a resize slot ({planner_reason})"
+    else:
+        held = "no place on the nodes yet" if planner_reason.startswith("no placement") else \
+            "GPUs still held by other jobs"
+        what = f"its {a.gpus} GPUs{where} had {held}"
+    return f"kept at its size this cycle: {what}; the others were solved again for the GPUs that would idle"
 
 
 def run_cycle(
@@ -380,8 +399,9 @@ def run_cycle(
 
     Jobs the planner will not resize this cycle (in flight, released but not started, in their
     rescale cooldown) are handed to the policy ``frozen`` at their size, so the allocation counts on
-    no GPUs the planner cannot move; so are, in a second solve, those whose grow or move the planner
-    found no place for (``Plan.blocked``) when GPUs would otherwise idle (:data:`RESOLVES`)."""
+    no GPUs the planner cannot move; so are, in further solves, those whose grow or move the planner
+    could not make (``Plan.blocked``: no place, no GPUs by the count, no resize slot) when GPUs would
+    otherwise idle, and without the released jobs the plan holds again (:data:`RESOLVES`)."""
     enactor.poll()
     jobs, nodes = backend.list_jobs(), backend.list_nodes()
     if note_nodes is not None:
@@ -429,27 +449,34 @@ def run_cycle(
 
     the_plan = plan_for(alloc)
     kept: frozenset = frozenset()
+    dropped: frozenset = frozenset()  # released jobs the plan holds again: out of the next solve
     why: dict = {}  # job kept at its size -> the reason it shows
+    last, last_alloc = the_plan, alloc  # the latest solve: its blocked jobs are kept in the next
     for _ in range(RESOLVES):
-        if not the_plan.blocked or the_plan.committed_gpus >= snap.capacity:
+        held = frozenset(a.job_id for a in last.actions if a.kind == "hold")
+        if the_plan.committed_gpus >= snap.capacity or (last.blocked <= kept and held <= dropped):
             break
-        # The planner could not carry out a grow or move (no place on the nodes yet, or the GPUs it
-        # counted on are still held), and GPUs the allocation gave it would idle this cycle: solve again
-        # with those jobs kept at their size, so the GPUs go to jobs that can take them now (found on
-        # Sia's cluster: a move waiting for another's nodes left 4-8 GPUs idle for 1-3 cycles while jobs
-        # that fitted waited). Kept when it commits more GPUs.
-        why.update({a.job_id: _kept_why(alloc.jobs[a.job_id], a.reason)
-                    for a in the_plan.actions if a.job_id in the_plan.blocked and a.job_id in alloc.jobs})
-        kept = kept | the_plan.blocked
+        # The planner could not carry out a grow or move (no place on the nodes yet, the GPUs it counted
+        # on still held, or no resize slot left), and GPUs the allocation gave it would idle this cycle:
+        # solve again with those jobs kept at their size, so the GPUs go to jobs that can take them now
+        # (found on Sia's cluster: a move waiting for another's nodes left 4-8 GPUs idle for 1-3 cycles
+        # while jobs that fitted waited). The GPUs may go to another grow that finds no place either (on
+        # Sia's cluster, workload 3: two grows on fragmented RTX nodes in turn, two GPUs idle while five
+        # jobs waited), so the next solve keeps it too; the plan that commits the most GPUs is carried out.
+        # A released job Slurm could not start is held again by the plan, and the GPUs the allocation
+        # kept for it would idle as surely (workloads 6 and 8: 5 and 16 GPUs for a cycle): the next solve
+        # leaves it out, and the planner holds it again.
+        why.update({a.job_id: _kept_why(last_alloc.jobs[a.job_id], a.reason)
+                    for a in last.actions if a.job_id in last.blocked and a.job_id in last_alloc.jobs})
+        kept, dropped = kept | last.blocked, dropped | held
         again = replace(snap.problem, jobs=tuple(replace(r, frozen=True) if r.job_id in kept else r
-                                                 for r in snap.problem.jobs))
+                                                 for r in snap.problem.jobs if r.job_id not in dropped))
         alloc2 = policy.allocate(again)
         alloc2 = replace(alloc2, jobs={j: replace(a, reason=why[j]) if j in why and a.gpus > 0 else a
                                        for j, a in alloc2.jobs.items()})
-        plan2 = plan_for(alloc2)
-        if plan2.committed_gpus <= the_plan.committed_gpus:
-            break
-        alloc, the_plan = alloc2, plan2
+        last, last_alloc = plan_for(alloc2), alloc2
+        if last.committed_gpus > the_plan.committed_gpus:
+            alloc, the_plan = alloc2, last
     the_plan = _exclude_reserved(the_plan, snap.kept_for_rigid.by_node, enactor)
     results = enactor.apply(the_plan.actions)
     # A start is done at once; a resize/preemption counts from when it began (its signal).

@@ -59,9 +59,10 @@ same batch (``start_smaller``; off for gang-scheduled policies such as ``static`
 or move that cannot be placed is tried again after the later grows and moves (one of them may leave the
 node it needs), and if it still has no place is left for a later cycle (its GPUs go to the starts placed
 after it) and named in ``Plan.blocked``, so that the cycle can solve again without it
-(``enact.run_cycle``). A shrink always fits in the GPUs it frees. Moves between pools that each need
-the GPUs another of them leaves (a cycle: a job on the A100s moved to the RTX nodes that a job moved to
-those A100s holds) are made together: every member is requeued, each pinned to its new pool, so Slurm
+(``enact.run_cycle``); so is a grow or move that ``max_in_flight`` defers (its GPUs would idle as
+surely). A shrink always fits in the GPUs it frees. Moves between pools that each need the GPUs
+another of them leaves (a cycle: a job on the A100s moved to the RTX nodes that a job moved to those
+A100s holds) are made together: every member is requeued, each pinned to its new pool, so Slurm
 starts each once the others have left; made only if all of them can be placed that way and the count
 and ``max_in_flight`` take them all, with the reason "made with the moves that free its GPUs".
 
@@ -208,8 +209,8 @@ class Plan:
     actions: tuple[Action, ...]
     committed_gpus: int  # GPUs committed once every planned action is done
     deferred: int = 0  # actions the policy wanted that the rules held back this cycle
-    # running jobs whose grow or move found no place on the nodes, or no GPUs by the count, this cycle:
-    # the cycle may re-solve with them kept at their size (enact.run_cycle)
+    # running jobs whose grow or move found no place on the nodes, no GPUs by the count, or no resize slot
+    # (max_in_flight) this cycle: the cycle may re-solve with them kept at their size (enact.run_cycle)
     blocked: frozenset = frozenset()
 
     def of_kind(self, kind: str) -> list[Action]:
@@ -309,8 +310,9 @@ def plan(
 
     * a start or grow the count gate turned away ("waiting for GPUs") while one counted ahead of it then
       found no placement: the next pass leaves the unplaceable one out of the count, so its GPUs go to
-      the next job that places (a guard: on Sia's cluster the idle cycles it was written for turned out
-      to be moves, which the count now credits; see below);
+      the next job that places, and places it last, on what the others left, if the count still takes
+      it (a guard: on Sia's cluster the idle cycles it was written for turned out to be moves, which the
+      count now credits; see below);
     * a shrink made for a grow that ``max_in_flight`` deferred, whose GPUs would idle: not made (the
       lowest priority, on the nodes left idle, first), and its slot goes to the deferred grow (found on
       the simulator: 8 shrinks made, the grow they fed deferred, one GPU idle while 7 jobs that fitted
@@ -380,6 +382,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     shrinks: list[_Pending] = []
     grows: list[_Pending] = []
     starts: list[_Pending] = []
+    late: list[_Pending] = []  # starts an earlier pass left out of the count (skip): placed last, if room is left
     waiting: list[JobView] = []
     flying: list[JobView] = []
     deferred = 0
@@ -387,7 +390,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     unplaced: set = set()  # starts and grows that found no placement
     gated = False  # a start or grow the count turned away
     counted_out: list[_Pending] = []  # grows and moves the count turned away (for place_together)
-    blocked: set = set()  # running jobs whose grow or move found no place or no GPUs by the count (Plan.blocked)
+    blocked: set = set()  # running jobs whose grow or move found no place, no GPUs by the count or no slot (Plan.blocked)
     placer = _Placer(node_free, node_size) if node_free is not None else None
     pool_by = {p.name: p for p in pools}  # several pools (issue 13): policies.base.Pool by name
     # urgent: jobs on GPUs reserved for a rigid job (pools.py): a shrink is not deferred
@@ -412,6 +415,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             if a.gpus > 0 and v.job_id in skip:
                 actions[v.job_id] = Leave(v.job_id, f"waiting for a placement of {a.gpus} GPUs")
                 deferred += 1
+                late.append(_Pending(v, a, i))
             elif a.gpus > 0:
                 starts.append(_Pending(v, a, i))
             else:
@@ -574,6 +578,7 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             return None
         if not take_slot(p):  # before the map: a deferred grow must not hold its target's GPUs there
             throttled += 1
+            blocked.add(v.job_id)  # its GPUs would idle: the cycle may solve again without it
             return None
         if placer is not None:
             placer.scope(pool_by.get(a.pool))
@@ -673,6 +678,28 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
                 a = _at(a, v, k)
         d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
         actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
+    # Starts left out of the count are placed last, on what the others left, where the count still takes
+    # them (found on Sia's cluster: a move the count turned away until a start was left out then vacated the
+    # very node that start needed, and its GPU idled while the start waited)
+    if placer is not None:
+        for p in sorted(late, key=lambda p: -p.alloc.gpus):
+            v, a = p.view, p.alloc
+            a = _within(a, v, capacity - committed, placer.node_size) if config.start_smaller else a
+            if a is None or committed + a.gpus > capacity:
+                continue
+            placer.scope(pool_by.get(a.pool))
+            k = _placeable(placer, v, a, config.start_smaller)
+            if k == 0:
+                continue
+            why = a.reason or "policy: start"
+            if k != p.alloc.gpus:
+                why = f"placement: {k} of the {p.alloc.gpus} GPUs the policy chose fit now"
+                a = _at(a, v, k)
+            committed += k
+            deferred -= 1
+            admitted.append(p)
+            d, nodes, gpn = _decision(a, v, placer.node_size, seq_of(v))
+            actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
     pool_of = {p.view.job_id: p.alloc.pool for p in (*shrinks, *grows, *admitted)}
     if resized and _same_map_now(before, placer, actions, views, pool_by, pool_of):
         for j, a in actions.items():  # placed now, they land where they would after the resizes: no wait
@@ -778,6 +805,19 @@ def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool) -> 
         if placer.take(n, g) is not None:
             return k
     return 0
+
+
+def _within(a: JobAllocation, v: JobView, room: int, node_size: int) -> JobAllocation | None:
+    """``a`` if it fits in ``room`` GPUs, else at the largest allowed count that does and runs the same
+    batch; None if none does."""
+    if a.gpus <= room:
+        return a
+    if v.spec is None or room <= 0:
+        return None
+    for k in sorted(v.spec.allowed_gpu_counts(node_size, most=room), reverse=True):
+        if not a.batch or v.spec.split_batch(k, a.batch) is not None:
+            return _at(a, v, k)
+    return None
 
 
 def _at(a: JobAllocation, v: JobView, k: int) -> JobAllocation:

@@ -494,3 +494,113 @@ def test_a_grow_with_no_place_is_kept_at_its_size_and_the_cycle_solves_again_for
     pol = Stays()
     res = run_cycle(be, pol, Enactor(be), CycleState(), model_for=lambda j, s: load_profile("cifar10"), now=0.0)
     assert pol.seen == [set(), {1}] and res.plan.committed_gpus == 4 and res.plan.blocked == {1}
+
+    # the GPUs freed for a second solve go to another grow with no place (found on Sia's cluster, workload 3:
+    # two grows on fragmented RTX nodes in turn, two GPUs idle while five jobs waited): that one is kept at
+    # its size too, and the third answer, which commits more, is carried out
+    class Turns(Asks):
+        def allocate(self, problem):
+            kept = {r.job_id for r in problem.jobs if r.frozen}
+            self.seen.append(kept)
+            a = lambda j, g: JobAllocation(j, g, batch=32 * g, local_batch=32)  # noqa: E731
+            if {1, 2} <= kept:
+                return Allocation({1: a(1, 2), 2: a(2, 2), 3: a(3, 2)}, policy=self.name)
+            if 1 in kept:
+                return Allocation({1: a(1, 2), 2: a(2, 6), 3: a(3, 0)}, policy=self.name)
+            return Allocation({1: a(1, 6), 2: a(2, 2), 3: a(3, 0)}, policy=self.name)
+
+    pol = Turns()
+    res = run_cycle(be, pol, Enactor(be), CycleState(), model_for=lambda j, s: load_profile("cifar10"), now=0.0)
+    assert pol.seen == [set(), {1}, {1, 2}] and res.plan.committed_gpus == 6, res.plan.actions
+    got = {a.job_id: (a.kind, getattr(a, "gpus", None)) for a in res.plan.actions}
+    assert got == {1: ("leave", None), 2: ("leave", None), 3: ("start", 2)}
+    assert res.allocation.jobs[2].reason.startswith("kept at its size this cycle: its 6 GPUs had no place")
+
+    # a grow that max_in_flight defers leaves its GPUs idle as surely: kept at its size too, and solved again
+    class Slots(Asks):
+        def allocate(self, problem):
+            kept = {r.job_id for r in problem.jobs if r.frozen}
+            self.seen.append(kept)
+            a = lambda j, g: JobAllocation(j, g, batch=32 * g, local_batch=32)  # noqa: E731
+            if 2 in kept:
+                return Allocation({1: a(1, 4), 2: a(2, 2), 3: a(3, 2)}, policy=self.name)
+            return Allocation({1: a(1, 4), 2: a(2, 4), 3: a(3, 0)}, policy=self.name)
+
+    pol = Slots()
+    res = run_cycle(be, pol, Enactor(be), CycleState(), model_for=lambda j, s: load_profile("cifar10"), now=0.0,
+                    planner_config=pl.PlannerConfig(max_in_flight=1))
+    assert pol.seen == [set(), {2}] and res.plan.committed_gpus == 8, res.plan.actions
+    got = {a.job_id: (a.kind, getattr(a, "gpus", None)) for a in res.plan.actions}
+    assert got == {1: ("resize", 4), 2: ("leave", None), 3: ("start", 2)}  # was: 6 committed, job 3 waiting
+    assert res.allocation.jobs[2].reason.startswith(
+        "kept at its size this cycle: its change to 4 GPUs waits for a resize slot (max_in_flight (1) reached)")
+
+
+def test_a_released_job_held_again_is_left_out_of_a_second_solve_so_its_gpus_do_not_idle():
+    """Found on Sia's cluster (workloads 6 and 8): a released job Slurm could not start (its GPUs free in
+    total, scattered over nodes) is held again by the planner after ``start_timeout_s``, but the allocation
+    had kept its GPUs for it, so they idled for a cycle (5 and 16 GPUs) while jobs that fitted waited. The
+    cycle solves again without it; the planner still holds it."""
+    from slurm_elastic.backends.base import JobRecord, NodeRecord
+    from slurm_elastic.enact import CycleState, run_cycle
+    from slurm_elastic.policies.base import Allocation, JobAllocation, Policy
+    from slurm_elastic.profiles import load_profile
+
+    spec = "elastic:min_gpus=1,max_gpus=8,min_batch=32,max_batch=256,max_local_batch=64"
+    released = Decision(gpus=8, nodes=2, batch=256, local_batch=32, accum=1, seq=1).to_admin_comment()
+
+    class Cluster(Recorder):
+        def list_jobs(self):
+            common = dict(user="u", partition="gpu", comment=spec)
+            return [JobRecord(job_id=1, name="r", state="RUNNING", gpus_per_node=1, gpus_total=2, node_count=2,
+                              nodes=("n1", "n2"), **common),
+                    JobRecord(job_id=2, name="s", state="PENDING", gpus_per_node=4, gpus_total=8, node_count=2,
+                              admin_comment=released, **common),  # released 5 min ago: 2 x 4 fit nowhere
+                    JobRecord(job_id=3, name="p", state="PENDING", held=True, **common)]
+
+        def list_nodes(self):
+            return [NodeRecord("n1", "MIXED", (), 4, 1, 8, ("gpu",)), NodeRecord("n2", "MIXED", (), 4, 1, 8, ("gpu",)),
+                    NodeRecord("n3", "IDLE", (), 4, 0, 8, ("gpu",))]
+
+    class Counts(Policy):  # keeps 8 GPUs for the released job while it is in the problem
+        name = "counts"
+
+        def __init__(self):
+            self.seen = []
+
+        def allocate(self, problem):
+            ids = {r.job_id for r in problem.jobs}
+            self.seen.append(ids)
+            a = lambda j, g: JobAllocation(j, g, batch=32 * g, local_batch=32)  # noqa: E731
+            if 2 in ids:
+                return Allocation({1: a(1, 2), 2: a(2, 8), 3: a(3, 1)}, policy=self.name)
+            return Allocation({1: a(1, 2), 3: a(3, 4)}, policy=self.name)
+
+    be, pol = Cluster(), Counts()
+    state = CycleState(books={2: pl.JobBook(last_change_s=-300.0, seq=1)})
+    res = run_cycle(be, pol, Enactor(be), state, model_for=lambda j, s: load_profile("cifar10"), now=0.0)
+    assert pol.seen == [{1, 2, 3}, {1, 3}], pol.seen
+    got = {a.job_id: (a.kind, getattr(a, "gpus", None)) for a in res.plan.actions}
+    assert got == {1: ("leave", None), 2: ("hold", 8), 3: ("start", 4)}, res.plan.actions
+    assert res.plan.committed_gpus == 6  # was: 3, job 3 started at 1 and 8 GPUs idle
+
+
+def test_a_released_job_is_solved_in_the_pool_it_was_pinned_to():
+    """Several pools: a released job Slurm has not started is frozen, by the policy, in the pool its
+    partition and excluded nodes leave it (``enact._released_to``); "" where that is not one pool."""
+    from dataclasses import replace
+
+    from sim_helpers import toy_spec
+
+    from slurm_elastic.enact import _released_to
+    from slurm_elastic.policies.base import JobRequest, Pool
+
+    pools = (Pool("a", "a100", ("gpu",), (("a0", 8),), 8), Pool("r", "rtx", ("gpu",), (("r0", 8), ("r1", 8)), 8),
+             Pool("t", "t4", ("t4",), (("t0", 4),), 4))
+    req = JobRequest(job_id=5, spec=toy_spec(), model=None, running_gpus=8)
+    v = pl.JobView(5, pl.STARTING, 8, 8, 0.0, toy_spec(), start_nodes=frozenset({"a0", "r0", "r1"}))
+    assert _released_to(v, pl.JobBook(excluded=("a0",)), req, pools) == "r"  # pinned by ExcNodeList
+    assert _released_to(v, pl.JobBook(excluded=("r0", "r1")), req, pools) == "a"
+    assert _released_to(v, pl.JobBook(), req, pools) == ""  # partition "gpu" holds two types: not known
+    assert _released_to(replace(v, start_nodes=frozenset({"t0"})), None, req, pools) == "t"  # by partition
+    assert _released_to(v, pl.JobBook(excluded=("a0",)), replace(req, pools=("a", "t")), pools) == ""

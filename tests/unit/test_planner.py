@@ -307,6 +307,39 @@ def test_a_grow_is_placed_on_the_node_a_later_move_leaves_and_what_cannot_be_pla
     assert kinds(p)["g"] == ("leave", None) and p.blocked == {"g"} and p.committed_gpus == 8
 
 
+def test_a_start_left_out_of_the_count_is_placed_last_on_what_a_move_vacated():
+    """Found on Sia's cluster (workload 4, 30 s restarts): starts are counted before grows, so a move to
+    the T4s was turned away by the count while a 1-GPU start counted ahead of it found no place on the RTX
+    node that move would vacate. The next pass left the start out of the count, the move was made, and
+    the GPU it vacated idled while the start waited. Such a start is now placed last, if the count and
+    the map still take it; one they do not take stays out."""
+    from slurm_elastic.policies.base import Pool
+
+    spec = toy_spec(max_gpus=16, batch=24, gpus_per_node=None)
+    pools = (Pool("t4", "t4", ("gpu",), (("n0", 4),), 4), Pool("rtx", "rtx", ("gpu",), (("r0", 2),), 2),
+             Pool("a100", "a100", ("gpu",), (("a0", 8),), 8))
+
+    def run(free, **where):
+        views = [pl.JobView("up", pl.RUNNING, 1, 24, 1.0, spec, ("r0",), 1),  # rtx -> 4 T4s, first by priority
+                 pl.JobView("out", pl.RUNNING, 4, 24, 1.0, spec, ("n0",), 4),  # T4s -> 3 A100s
+                 pl.JobView("o", pl.RUNNING, 1, 24, 1.0, spec, ("r0",), 1),
+                 pl.JobView("z", pl.RUNNING, 1, 24, 1.0, spec, ("a0",), 1),
+                 pl.JobView("big", pl.PENDING, 0, None, 0.0, spec), pl.JobView("one", pl.PENDING, 0, None, 0.0, spec)]
+        a = Allocation({j: JobAllocation(j, g, batch=24, local_batch=24 // g, pool=p) for j, (g, p) in where.items()})
+        return pl.plan(a, views, {}, 0.0, capacity=14, node_size=8, node_free=free, pools=pools)
+
+    where = dict(up=(4, "t4"), out=(3, "a100"), o=(1, "rtx"), z=(1, "a100"), big=(4, "a100"), one=(1, "rtx"))
+    p = run({"n0": 0, "r0": 0, "a0": 7}, **where)
+    assert kinds(p) == {"up": ("resize", 4), "out": ("resize", 3), "o": ("leave", None), "z": ("leave", None),
+                        "big": ("start", 4), "one": ("start", 1)}, [a.reason for a in p.actions]
+    assert p.committed_gpus == 14  # was: 13, 'one' waiting for a placement and r0's GPU idle
+    one = next(a for a in p.actions if a.job_id == "one")
+    assert one.gpu_type == "rtx" and set(one.after) == {"up", "out"}  # released once the move has left r0
+    # the move is not made (its pool is full): the start has no place and stays out of the count
+    p = run({"n0": 0, "r0": 0, "a0": 7}, **{**where, "up": (1, "rtx")})
+    assert kinds(p)["one"] == ("leave", None) and p.committed_gpus == 10  # the T4s "out" leaves: nobody asked
+
+
 def test_moves_that_each_need_the_gpus_another_leaves_are_made_together():
     """Found on Sia's cluster (workload 7, per-model restarts): a job on 7 A100s was moved to 16 RTX GPUs held
     by a job moved to those A100s. Each move needed the other's GPUs first, so neither was ever placed and
