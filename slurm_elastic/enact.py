@@ -335,7 +335,7 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
         if view.status in (pl.IN_FLIGHT, pl.STARTING) or cooling:
             pool = req.pool
             if view.status == pl.STARTING and not pool and len(snap.problem.pools) > 1:
-                pool = _released_to(view, book, req, snap.problem.pools)
+                pool = _released_to(view, book, req, snap.problem.pools, snap.node_free, snap.node_size)
             jobs[i] = replace(req, frozen=True, held_s=since, rescales=n, age_s=age, pool=pool)
             changed = True
         elif since is not None or n or age != req.age_s:
@@ -346,17 +346,23 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
     return replace(snap, problem=replace(snap.problem, jobs=tuple(jobs)))
 
 
-def _released_to(view: pl.JobView, book: pl.JobBook | None, req, pools) -> str:
+def _released_to(view: pl.JobView, book: pl.JobBook | None, req, pools, node_free, node_size: int) -> str:
     """The pool a released job that Slurm has not started was pinned to (its partition, less the nodes its
-    last start excluded), or "" if that is not one pool. Without it the policy saw the job in every pool it
-    may use and, in one whose table lacks its count, gave it fewer GPUs than the planner keeps for it (found
-    on Sia's cluster: 16 RTX GPUs released, 8 in the allocation, so a 7-GPU start it counted on there was
-    turned away and two GPUs idled while that job waited)."""
+    last start excluded) where it fits on the free GPUs now, so the planner keeps it there; "" if that is
+    not one pool, or it does not fit (the policy may then start it elsewhere, and the planner holds it
+    again at once: ``planner._elsewhere``). Without it the policy saw a job that will start where it was
+    released in every pool it may use, and counted its GPUs in another pool, or, in one whose table lacks
+    its count, fewer of them than the planner keeps (found on Sia's cluster: 16 RTX GPUs released, 8 in
+    the allocation, so a 7-GPU start it counted on there was turned away while GPUs idled)."""
     ex = set(book.excluded) if book is not None else set()
     names = set(req.pools) if req.pools else {p.name for p in pools}
-    left = [p.name for p in pools if p.name in names and any(
+    left = [p for p in pools if p.name in names and any(
         n not in ex and (view.start_nodes is None or n in view.start_nodes) for n, _ in p.node_capacity)]
-    return left[0] if len(left) == 1 else ""
+    if len(left) != 1 or node_free is None:
+        return ""
+    placer = pl._Placer(node_free, node_size)
+    placer.scope(left[0])
+    return left[0].name if placer.take(*placer.shape(view, view.gpus)) is not None else ""
 
 
 RESOLVES = 3  # solves after the first, at most, when what the planner could not make (or held again) left GPUs idle
@@ -449,12 +455,12 @@ def run_cycle(
 
     the_plan = plan_for(alloc)
     kept: frozenset = frozenset()
-    dropped: frozenset = frozenset()  # released jobs the plan holds again: out of the next solve
+    dropped: dict = {}  # released job the plan holds again -> its allocation then: out of the next solve
     why: dict = {}  # job kept at its size -> the reason it shows
     last, last_alloc = the_plan, alloc  # the latest solve: its blocked jobs are kept in the next
     for _ in range(RESOLVES):
         held = frozenset(a.job_id for a in last.actions if a.kind == "hold")
-        if the_plan.committed_gpus >= snap.capacity or (last.blocked <= kept and held <= dropped):
+        if the_plan.committed_gpus >= snap.capacity or (last.blocked <= kept and held <= set(dropped)):
             break
         # The planner could not carry out a grow or move (no place on the nodes yet, the GPUs it counted
         # on still held, or no resize slot left), and GPUs the allocation gave it would idle this cycle:
@@ -468,12 +474,16 @@ def run_cycle(
         # leaves it out, and the planner holds it again.
         why.update({a.job_id: _kept_why(last_alloc.jobs[a.job_id], a.reason)
                     for a in last.actions if a.job_id in last.blocked and a.job_id in last_alloc.jobs})
-        kept, dropped = kept | last.blocked, dropped | held
+        kept = kept | last.blocked
+        dropped.update({j: last_alloc.jobs.get(j) for j in held if j not in dropped})
         again = replace(snap.problem, jobs=tuple(replace(r, frozen=True) if r.job_id in kept else r
                                                  for r in snap.problem.jobs if r.job_id not in dropped))
         alloc2 = policy.allocate(again)
-        alloc2 = replace(alloc2, jobs={j: replace(a, reason=why[j]) if j in why and a.gpus > 0 else a
-                                       for j, a in alloc2.jobs.items()})
+        # a dropped job keeps the allocation it was held under, so the planner holds it again alike (one
+        # the policy put in another pool is held at once only while the allocation says so; seen live)
+        alloc2 = replace(alloc2, jobs={**{j: a for j, a in dropped.items() if a is not None},
+                                       **{j: replace(a, reason=why[j]) if j in why and a.gpus > 0 else a
+                                          for j, a in alloc2.jobs.items()}})
         last, last_alloc = plan_for(alloc2), alloc2
         if last.committed_gpus > the_plan.committed_gpus:
             alloc, the_plan = alloc2, last

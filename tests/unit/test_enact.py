@@ -587,7 +587,9 @@ def test_a_released_job_held_again_is_left_out_of_a_second_solve_so_its_gpus_do_
 
 def test_a_released_job_is_solved_in_the_pool_it_was_pinned_to():
     """Several pools: a released job Slurm has not started is frozen, by the policy, in the pool its
-    partition and excluded nodes leave it (``enact._released_to``); "" where that is not one pool."""
+    partition and excluded nodes leave it, where it fits on the free GPUs now (``enact._released_to``);
+    "" where that is not one pool, or it does not fit there (the policy may then start it elsewhere and
+    the planner hold it again at once; seen live: a job released to the busy V100s moved to free A100s)."""
     from dataclasses import replace
 
     from sim_helpers import toy_spec
@@ -597,10 +599,17 @@ def test_a_released_job_is_solved_in_the_pool_it_was_pinned_to():
 
     pools = (Pool("a", "a100", ("gpu",), (("a0", 8),), 8), Pool("r", "rtx", ("gpu",), (("r0", 8), ("r1", 8)), 8),
              Pool("t", "t4", ("t4",), (("t0", 4),), 4))
-    req = JobRequest(job_id=5, spec=toy_spec(), model=None, running_gpus=8)
-    v = pl.JobView(5, pl.STARTING, 8, 8, 0.0, toy_spec(), start_nodes=frozenset({"a0", "r0", "r1"}))
-    assert _released_to(v, pl.JobBook(excluded=("a0",)), req, pools) == "r"  # pinned by ExcNodeList
-    assert _released_to(v, pl.JobBook(excluded=("r0", "r1")), req, pools) == "a"
-    assert _released_to(v, pl.JobBook(), req, pools) == ""  # partition "gpu" holds two types: not known
-    assert _released_to(replace(v, start_nodes=frozenset({"t0"})), None, req, pools) == "t"  # by partition
-    assert _released_to(v, pl.JobBook(excluded=("a0",)), replace(req, pools=("a", "t")), pools) == ""
+    spec = toy_spec(max_gpus=8)
+    req = JobRequest(job_id=5, spec=spec, model=None, running_gpus=8)
+    v = pl.JobView(5, pl.STARTING, 8, 8, 0.0, spec, start_nodes=frozenset({"a0", "r0", "r1"}))
+    free = {"a0": 8, "r0": 8, "r1": 2, "t0": 4}
+
+    def to(view, book, r=req, f=free):
+        return _released_to(view, book, r, pools, f, 8)
+
+    assert to(v, pl.JobBook(excluded=("a0",))) == "r"  # pinned by ExcNodeList
+    assert to(v, pl.JobBook(excluded=("r0", "r1"))) == "a"
+    assert to(v, pl.JobBook()) == ""  # partition "gpu" holds two types: not known
+    assert to(replace(v, gpus=4, start_nodes=frozenset({"t0"})), None) == "t"  # pinned by partition
+    assert to(v, pl.JobBook(excluded=("a0",)), replace(req, pools=("a", "t"))) == ""
+    assert to(v, pl.JobBook(excluded=("a0",)), f={**free, "r0": 6}) == ""  # 8 fit on no RTX node now
