@@ -660,9 +660,21 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             retry = retried([p for p in retry if p.view.job_id not in made])
     blocked |= {p.view.job_id for p in retry}
     resized = tuple(a.job_id for a in actions.values() if a.kind == "resize") if placer is not None else ()
+
+    def start(p: _Pending, k: int) -> None:
+        """Record ``p``'s start at ``k`` GPUs (the policy's count, or fewer that fit now at the same batch),
+        released once the plan's resizes are placed."""
+        v, a = p.view, p.alloc
+        why = a.reason or "policy: start"
+        if k != a.gpus:
+            why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
+            a = _at(a, v, k)
+        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
+        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
+
     for p in sorted(admitted, key=lambda p: -p.alloc.gpus):  # largest first: a 1-GPU start takes no node a larger one needs
         v, a = p.view, p.alloc
-        k, why = a.gpus, a.reason or "policy: start"
+        k = a.gpus
         if placer is not None:
             placer.scope(pool_by.get(a.pool))
             k = _placeable(placer, v, a, config.start_smaller)
@@ -672,12 +684,8 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
                 deferred += 1
                 unplaced.add(v.job_id)
                 continue
-            if k != a.gpus:
-                why = f"placement: {k} of the {a.gpus} GPUs the policy chose fit now"
-                committed -= a.gpus - k
-                a = _at(a, v, k)
-        d, nodes, gpn = _decision(a, v, placer.node_size if placer is not None else node_size, seq_of(v))
-        actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
+            committed -= a.gpus - k
+        start(p, k)
     # Starts left out of the count are placed last, on what the others left, where the count still takes
     # them (found on Sia's cluster: a move the count turned away until a start was left out then vacated the
     # very node that start needed, and its GPU idled while the start waited)
@@ -691,15 +699,10 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
             k = _placeable(placer, v, a, config.start_smaller)
             if k == 0:
                 continue
-            why = a.reason or "policy: start"
-            if k != p.alloc.gpus:
-                why = f"placement: {k} of the {p.alloc.gpus} GPUs the policy chose fit now"
-                a = _at(a, v, k)
             committed += k
             deferred -= 1
             admitted.append(p)
-            d, nodes, gpn = _decision(a, v, placer.node_size, seq_of(v))
-            actions[v.job_id] = Start(v.job_id, k, nodes, gpn, d, why, **_pin(a, v, pool_by), after=resized)
+            start(p, k)
     pool_of = {p.view.job_id: p.alloc.pool for p in (*shrinks, *grows, *admitted)}
     if resized and _same_map_now(before, placer, actions, views, pool_by, pool_of):
         for j, a in actions.items():  # placed now, they land where they would after the resizes: no wait
