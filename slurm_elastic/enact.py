@@ -347,10 +347,11 @@ def _freeze(snap, books, now: float, config: pl.PlannerConfig):
 
 
 def _released_to(view: pl.JobView, book: pl.JobBook | None, req, pools, node_free, node_size: int) -> str:
-    """The pool a released job that Slurm has not started was pinned to (its partition, less the nodes its
-    last start excluded) where it fits on the free GPUs now, so the planner keeps it there; "" if that is
-    not one pool, or it does not fit (the policy may then start it elsewhere, and the planner holds it
-    again at once: ``planner._elsewhere``). Without it the policy saw a job that will start where it was
+    """The pool a released job that Slurm has not started will start in: of the pools it was pinned to (its
+    partition, less the nodes its last start excluded), the one where it fits on the free GPUs now, so the
+    planner keeps it there; "" if it fits in none, or in several (a partition spanning types: Slurm may
+    take either; the policy may then start it elsewhere, and the planner holds it again at once:
+    ``planner._elsewhere``). Without it the policy saw a job that will start where it was
     released in every pool it may use, and counted its GPUs in another pool, or, in one whose table lacks
     its count, fewer of them than the planner keeps (found on Sia's cluster: 16 RTX GPUs released, 8 in
     the allocation, so a 7-GPU start it counted on there was turned away while GPUs idled)."""
@@ -358,11 +359,15 @@ def _released_to(view: pl.JobView, book: pl.JobBook | None, req, pools, node_fre
     names = set(req.pools) if req.pools else {p.name for p in pools}
     left = [p for p in pools if p.name in names and any(
         n not in ex and (view.start_nodes is None or n in view.start_nodes) for n, _ in p.node_capacity)]
-    if len(left) != 1 or node_free is None:
+    if not left or node_free is None:
         return ""
-    placer = pl._Placer(node_free, node_size)
-    placer.scope(left[0])
-    return left[0].name if placer.take(*placer.shape(view, view.gpus)) is not None else ""
+    fits = []
+    for p in left:
+        placer = pl._Placer(node_free, node_size)
+        placer.scope(p)
+        if placer.take(*placer.shape(view, view.gpus)) is not None:
+            fits.append(p.name)
+    return fits[0] if len(fits) == 1 else ""
 
 
 RESOLVES = 3  # solves after the first, at most, when what the planner could not make (or held again) left GPUs idle

@@ -587,8 +587,8 @@ def test_a_released_job_held_again_is_left_out_of_a_second_solve_so_its_gpus_do_
 
 def test_a_released_job_is_solved_in_the_pool_it_was_pinned_to():
     """Several pools: a released job Slurm has not started is frozen, by the policy, in the pool its
-    partition and excluded nodes leave it, where it fits on the free GPUs now (``enact._released_to``);
-    "" where that is not one pool, or it does not fit there (the policy may then start it elsewhere and
+    partition and excluded nodes leave it where it fits on the free GPUs now (``enact._released_to``);
+    "" where it fits in none of them, or in several (the policy may then start it elsewhere and
     the planner hold it again at once; seen live: a job released to the busy V100s moved to free A100s)."""
     from dataclasses import replace
 
@@ -609,7 +609,9 @@ def test_a_released_job_is_solved_in_the_pool_it_was_pinned_to():
 
     assert to(v, pl.JobBook(excluded=("a0",))) == "r"  # pinned by ExcNodeList
     assert to(v, pl.JobBook(excluded=("r0", "r1"))) == "a"
-    assert to(v, pl.JobBook()) == ""  # partition "gpu" holds two types: not known
+    assert to(v, pl.JobBook()) == ""  # partition "gpu" holds two types, and 8 fit in both: not known
+    assert to(v, pl.JobBook(), f={**free, "a0": 7}) == "r"  # ... but fit only on the RTX nodes now
+    assert to(v, pl.JobBook(), f={**free, "a0": 7, "r0": 7}) == ""  # ... or in neither
     assert to(replace(v, gpus=4, start_nodes=frozenset({"t0"})), None) == "t"  # pinned by partition
     assert to(v, pl.JobBook(excluded=("a0",)), replace(req, pools=("a", "t"))) == ""
     assert to(v, pl.JobBook(excluded=("a0",)), f={**free, "r0": 6}) == ""  # 8 fit on no RTX node now
