@@ -691,12 +691,8 @@ def _plan(allocation: Allocation, views: list, books: Mapping[int | str, JobBook
     # very node that start needed, and its GPU idled while the start waited)
     if placer is not None:
         for p in sorted(late, key=lambda p: -p.alloc.gpus):
-            v, a = p.view, p.alloc
-            a = _within(a, v, capacity - committed, placer.node_size) if config.start_smaller else a
-            if a is None or committed + a.gpus > capacity:
-                continue
-            placer.scope(pool_by.get(a.pool))
-            k = _placeable(placer, v, a, config.start_smaller)
+            placer.scope(pool_by.get(p.alloc.pool))
+            k = _placeable(placer, p.view, p.alloc, config.start_smaller, most=capacity - committed)
             if k == 0:
                 continue
             committed += k
@@ -792,35 +788,25 @@ def _pin(a: JobAllocation, v: JobView, pool_by: Mapping) -> dict:
     return {"partition": part, "gpu_type": None, "exclude_nodes": others}
 
 
-def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool) -> int:
+def _placeable(placer: _Placer, v: JobView, a: JobAllocation, smaller: bool, most: int | None = None) -> int:
     """The GPU count to start at: the policy's if it can be placed, else (with ``smaller``) the largest
-    allowed count below it that can be placed and runs the same batch; 0 if none."""
-    n, g = placer.shape(v, a.gpus)
-    if placer.take(n, g) is not None:
-        return a.gpus
-    if not smaller or v.spec is None:
+    allowed count below it that can be placed and runs the same batch; 0 if none. ``most``: the most GPUs
+    it may take (what the count leaves)."""
+    if most is None or a.gpus <= most:
+        n, g = placer.shape(v, a.gpus)
+        if placer.take(n, g) is not None:
+            return a.gpus
+        most = a.gpus - 1
+    if not smaller or v.spec is None or most <= 0:
         return 0
     batch = a.batch
-    for k in sorted((c for c in v.spec.allowed_gpu_counts(placer.node_size, most=a.gpus - 1)), reverse=True):
+    for k in sorted((c for c in v.spec.allowed_gpu_counts(placer.node_size, most=most)), reverse=True):
         if batch and v.spec.split_batch(k, batch) is None:
             continue
         n, g = placer.shape(v, k)
         if placer.take(n, g) is not None:
             return k
     return 0
-
-
-def _within(a: JobAllocation, v: JobView, room: int, node_size: int) -> JobAllocation | None:
-    """``a`` if it fits in ``room`` GPUs, else at the largest allowed count that does and runs the same
-    batch; None if none does."""
-    if a.gpus <= room:
-        return a
-    if v.spec is None or room <= 0:
-        return None
-    for k in sorted(v.spec.allowed_gpu_counts(node_size, most=room), reverse=True):
-        if not a.batch or v.spec.split_batch(k, a.batch) is not None:
-            return _at(a, v, k)
-    return None
 
 
 def _at(a: JobAllocation, v: JobView, k: int) -> JobAllocation:

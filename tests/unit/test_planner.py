@@ -340,6 +340,24 @@ def test_a_start_left_out_of_the_count_is_placed_last_on_what_a_move_vacated():
     assert kinds(p)["one"] == ("leave", None) and p.committed_gpus == 10  # the T4s "out" leaves: nobody asked
 
 
+def test_a_late_start_is_lowered_to_counts_of_its_own_pool():
+    """A start placed last, where the count leaves fewer GPUs than the policy chose, starts at the largest
+    count allowed on its own pool's nodes (5 of 8-GPU A100 nodes), not on the nodes of the pool placed
+    before it (2-GPU RTX nodes allow 1, 2, 4: it started at 4 and one GPU idled)."""
+    from slurm_elastic.policies.base import Pool
+
+    spec = toy_spec(max_gpus=16, batch=60, gpus_per_node=None)
+    pools = (Pool("rtx", "rtx", ("gpu",), (("r0", 2),), 2), Pool("a100", "a100", ("gpu",), (("a0", 8),), 8))
+    views = [pl.JobView("s", pl.PENDING, 0, None, 0.0, spec), pl.JobView("late", pl.PENDING, 0, None, 0.0, spec)]
+    a = Allocation({"s": JobAllocation("s", 2, batch=60, local_batch=30, pool="rtx"),
+                    "late": JobAllocation("late", 6, batch=60, local_batch=10, pool="a100")})
+    ps = pl._plan(a, views, {}, 0.0, capacity=7, node_size=8, config=pl.PlannerConfig(),
+                  node_free={"r0": 2, "a0": 8}, pools=pools, urgent=frozenset(), keep=frozenset(),
+                  skip=frozenset({"late"}))
+    assert kinds(ps.plan) == {"s": ("start", 2), "late": ("start", 5)}, [x.reason for x in ps.plan.actions]
+    assert ps.plan.committed_gpus == 7
+
+
 def test_moves_that_each_need_the_gpus_another_leaves_are_made_together():
     """Found on Sia's cluster (workload 7, per-model restarts): a job on 7 A100s was moved to 16 RTX GPUs held
     by a job moved to those A100s. Each move needed the other's GPUs first, so neither was ever placed and
