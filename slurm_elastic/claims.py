@@ -33,6 +33,13 @@ Noise scale
     within an epoch (the Pollux traces), so no rate limit tells a forgery from training: docs/ALGORITHM.md
     says what a forged one can still buy (at most what its own batch range allows).
 
+Restart cost
+  * a spec's ``restart_s`` counts until the daemon has measured the job's own (signal -> first step),
+    which then replaces it; either counts for at most :data:`RESTART_CLAIM_MAX_S`
+    (:func:`restart_claim`). A rescale must pay its restart back, so a cost of days would make the job
+    unshrinkable for every other user's job; a job never resized is never measured, and the measured
+    figure ends at a first step the job itself reports (one slow start would buy it for good).
+
 Pure: the daemon feeds it what Slurm showed (``Evidence``) and the job's report; the simulator feeds it
 its honest jobs, so docs/EVALUATION.md measures what the rule costs honest reports.
 """
@@ -194,6 +201,20 @@ class ClaimBook:
             except (TypeError, ValueError):
                 continue
         return book
+
+
+RESTART_CLAIM_MAX_S = 600.0  # the costliest restart the rescale rule is measured over (docs/EVALUATION.md)
+
+
+def restart_claim(claimed: float | None) -> float | None:
+    """A job's restart cost (its spec's claim, or the measured one, which ends at the first step the job
+    reports) as the scheduler may use it: at most :data:`RESTART_CLAIM_MAX_S`, so a job that claims or
+    stages more is planned as an honest one whose restart costs that; None for none, or nothing finite
+    and non-negative."""
+    v = _finite(claimed)
+    if v is None or v < 0:
+        return None
+    return min(v, RESTART_CLAIM_MAX_S)
 
 
 def _finite(v) -> float | None:

@@ -40,7 +40,7 @@ Rules:
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
   restart cost measured for the job (the model's ``restart_s``, see profiles/learned.py), else the
-  spec's own estimate, else ``default_restart_s``; ``noise_scale``/``base_batch`` are the model's
+  spec's own estimate, either at most ``claims.RESTART_CLAIM_MAX_S``, else ``default_restart_s``; ``noise_scale``/``base_batch`` are the model's
   (what the job reported, profiles/learned.py; None otherwise), unless the driver's ``job_info``
   gives a noise scale (the simulator: the trace's); ``attained_gpu_s``/``remaining_samples`` come
   from ``job_info``. A running job's view says whether it has reported a step
@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord, NodeRecord, PartitionRecord
+from slurm_elastic.claims import restart_claim
 from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
 from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool, most_common_size
 from slurm_elastic.pools import (
@@ -560,7 +561,9 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
         sps = cache.running_samples_per_s(model, spec, gpus, batch, size, r.node_count) if batch else 0.0
     age = max(0.0, now - r.submit_time) if r.submit_time is not None else None
     wait = age if (status == PENDING and age is not None) else 0.0
-    measured_restart = getattr(model, "restart_s", None)
+    # the trust rule: both rest on the job's word (its first step's report; its spec), so both are bounded
+    measured_restart = restart_claim(getattr(model, "restart_s", None))
+    claimed_restart = restart_claim(spec.restart_s)
     req = JobRequest(
         job_id=r.job_id,
         spec=spec,
@@ -568,7 +571,7 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
         running_gpus=gpus,
         running_batch=batch if gpus else None,
         restart_s=measured_restart if measured_restart is not None else
-        spec.restart_s if spec.restart_s is not None else default_restart_s,
+        claimed_restart if claimed_restart is not None else default_restart_s,
         wait_s=wait,
         age_s=age,
         noise_scale=getattr(model, "noise_scale", None),

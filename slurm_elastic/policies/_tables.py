@@ -242,9 +242,16 @@ def _share_budget(spec: ElasticSpec, counts: list[int]) -> int:
 
 
 def restart_s(req: JobRequest) -> float:
-    """A rescale's cost in seconds: the spec's ``restart_s`` (the user's estimate) wins over the request's
-    (the daemon's measured or default figure)."""
-    return float(req.spec.restart_s if req.spec.restart_s is not None else req.restart_s)
+    """A rescale's cost in seconds: the request's (measured, else the spec's bounded claim, else the
+    site default: problem.py), else, for a request built without one, the spec's ``restart_s``, else 45 s.
+    Not the spec's over a measured figure: a claimed cost of days would make every rescale of the job
+    unpayable, so it could never be shrunk for another user's job."""
+    if req.restart_s is not None:
+        return float(req.restart_s)
+    return float(req.spec.restart_s if req.spec.restart_s is not None else DEFAULT_RESTART_S)
+
+
+DEFAULT_RESTART_S = 45.0  # a request's restart cost when neither it nor its spec gives one
 
 
 def current_samples_per_s(req: JobRequest, node_size: int) -> float | None:

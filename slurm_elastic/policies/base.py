@@ -24,7 +24,9 @@ class JobRequest:
     model: ThroughputModel
     running_gpus: int = 0  # 0 while pending
     running_batch: int | None = None
-    restart_s: float = 45.0  # estimated checkpoint + requeue + restart time of a rescale
+    # Checkpoint + requeue + restart time of a rescale: the measured figure, else the spec's (bounded)
+    # claim, else the site default (problem.py fills it). None: the spec's ``restart_s``, else 45 s.
+    restart_s: float | None = None
     wait_s: float = 0.0  # how long it has been pending (for starvation control)
     # Statistical efficiency (profiles/efficiency.py): the job's gradient noise scale in samples, as the
     # in-job library reports it, and the reference batch it is relative to. None: not measured.

@@ -155,3 +155,63 @@ def test_a_user_whose_claims_were_borne_out_may_order_the_queue_until_one_proves
     book.update(2, "u", replace(ev, running_s=101.0), seen=499_999, total=5e5, **kw)
     assert book.strikes == {"u": 1} and not book.trusted_user("u")
     assert book.update(4, "u", pending, seen=0, total=100, **kw).remaining_samples is None
+
+
+# ----- the restart cost: measured beats claimed, and a claim is bounded until measured -----------------
+
+
+def _two_users(claim, a_gpus, b_left):
+    """Two users' jobs that have shared 16 GPUs for 10 h, each restart measured at 30 s; user a's spec
+    claims ``claim`` seconds."""
+    from slurm_elastic.policies import AllocationProblem, JobRequest
+    from tests.unit.test_policies import MODEL, spec
+
+    def req(jid, s, k, left, user):
+        return JobRequest(jid, s, MODEL, k, 64 * k, restart_s=30.0, held_s=36000.0, attained_gpu_s=k * 36000.0,
+                          remaining_samples=left, user=user, age_s=36000.0)
+
+    jobs = (req(1, spec(max_gpus=16, restart_s=claim), a_gpus, 1e9, "a"), req(2, spec(max_gpus=16), 16 - a_gpus,
+                                                                             b_left, "b"))
+    plan = get_policy("dp").allocate(AllocationProblem(16, 16, jobs, horizon_s=3600.0))
+    return {j: x.gpus for j, x in plan.jobs.items()}
+
+
+@pytest.mark.parametrize("a_gpus,b_left", [(15, 1e10), (12, 1e10), (15, 1e9), (8, 1e8)])
+def test_a_claimed_restart_cost_does_not_outweigh_the_measured_one(a_gpus, b_left):
+    # The spec's restart_s won over the measured 30 s: a claim of 116 days made every rescale of the job
+    # unpayable, so at 15 GPUs it kept all 15 while the other user's job, worth 8, ran on 1 (and where the
+    # other's gain was larger, the claimant fell to its minimum). Now it is planned as its honest twin.
+    honest = _two_users(None, a_gpus, b_left)
+    assert _two_users(1e7, a_gpus, b_left) == honest
+    assert honest[2] >= 5  # a real rescale: the other user's job gains GPUs
+
+
+def test_an_unmeasured_restart_claim_counts_for_at_most_ten_minutes(tmp_path):
+    from slurm_elastic.claims import RESTART_CLAIM_MAX_S, restart_claim
+
+    assert RESTART_CLAIM_MAX_S == 600.0
+    assert [restart_claim(v) for v in (None, 12.5, 1e7, float("inf"), float("nan"), -5.0)] == \
+        [None, 12.5, 600.0, None, None, None]
+    reg = ModelRegistry(node_size=8)
+    recs = []
+    for jid, claim in ((1, None), (2, 90.0), (3, 1e7)):
+        d = tmp_path / str(jid)
+        d.mkdir()
+        s = parse_spec(f"{SPEC},ckpt_dir={d}" + (f",restart_s={claim:g}" if claim else ""))
+        recs.append(JobRecord(job_id=jid, name="t", user="u", partition="gpu", state="PENDING",
+                              comment=s.to_comment(), user_id=os.getuid(), submit_time=0.0))
+    snap = build_problem(recs, _nodes(8), model_for=reg, now=100.0, default_restart_s=20.0)
+    assert {r.job_id: r.restart_s for r in snap.problem.jobs} == {1: 20.0, 2: 90.0, 3: 600.0}
+    assert {v.job_id: v.restart_s for v in snap.views} == {1: 20.0, 2: 90.0, 3: 600.0}  # the stability guard's
+    # a measured cost replaces the claim, and is bounded too: it ends at a first step the job reports
+    from sim_helpers import LinearModel
+
+    class Measured(LinearModel):
+        def __init__(self, restart_s):
+            super().__init__(100.0)
+            self.restart_s = restart_s
+
+    for measured, planned in ((35.0, 35.0), (5000.0, 600.0)):
+        snap = build_problem(recs, _nodes(8), model_for=lambda r, s, m=measured: Measured(m), now=100.0,
+                             default_restart_s=20.0)
+        assert {r.restart_s for r in snap.problem.jobs} == {planned}

@@ -155,9 +155,12 @@ def test_dp_beats_baselines_on_example_mix():
     assert res["dp"] > res["static"]
 
 
-def test_spec_restart_estimate_wins_over_request_default():
+def test_the_request_restart_cost_wins_over_the_spec_claim():
+    # problem.py hands the policy the measured cost, else the spec's bounded claim, else the default:
+    # a spec may not override a measured cost (a claim of days would make the job unshrinkable)
     from slurm_elastic.policies._candidates import _restart_share
 
     prob = AllocationProblem(8, 4, (), horizon_s=1000.0)
-    assert _restart_share(job(0, spec(restart_s=100.0), restart_s=45.0), prob, None) == pytest.approx(0.1)
-    assert _restart_share(job(0, spec(), restart_s=45.0), prob, None) == pytest.approx(0.045)
+    assert _restart_share(job(0, spec(restart_s=1e6), restart_s=45.0), prob, None) == pytest.approx(0.045)
+    assert _restart_share(job(0, spec(restart_s=100.0)), prob, None) == pytest.approx(0.1)  # no figure: the spec's
+    assert _restart_share(job(0, spec()), prob, None) == pytest.approx(0.045)  # neither: 45 s
