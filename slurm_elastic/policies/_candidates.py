@@ -119,6 +119,7 @@ def make_candidates(
     credit_cap: float = float("inf"),
     inferred: dict | None = None,
     grow_hold=None,
+    regrow: bool = False,
 ) -> Candidates:
     """Admission and the knapsack's arrays. ``efficiency``: ``req -> (fn, key) | (None, None)``, a
     per-job statistical-efficiency function (goodput), or None for throughput. ``objective``: how a
@@ -145,8 +146,8 @@ def make_candidates(
     admission or grow of a higher-value job reclaims, and a reclaimed job goes back to its minimum
     (measured on the Pollux traces under ``completion``: 80-90% of shrinks end at the job's minimum);
     that second restart costs the restart share of the job's value at its minimum, charged to the
-    grow that causes it, as its own restart is (docs/ALGORITHM.md). Shrinks are charged as before:
-    a shrink made for a new job is worth its value now, the grow back pays its own round trip."""
+    grow that causes it, as its own restart is (docs/ALGORITHM.md). ``regrow`` (``completion``,
+    ``life``): a shrink also pays for growing back (:func:`_regrow_charge`)."""
     if admission not in ADMISSIONS:
         raise ValueError(f"admission must be one of {ADMISSIONS}, not {admission!r}")
     if objective not in OBJECTIVES:
@@ -302,6 +303,10 @@ def make_candidates(
                            for j in dp_list])
         back = np.repeat((1.0 - factor) * at_min, lens_a)
         net = np.where((r_rep > 0) & (counts > r_rep), np.maximum(net - back, 0.0), net)
+    if regrow and realloc == "life" and objective == "completion" and dp_list:
+        back = np.repeat(np.array([_regrow_charge(jobs[j], problem, cur_rate.get(j), refs[j], tenure)
+                                   if running[j] > 0 else 0.0 for j in dp_list]), lens_a)
+        net = np.where((r_rep > 0) & (counts > 0) & (counts < r_rep), np.maximum(net - back, 0.0), net)
     values = choice_values(objective, net, scale, counts > 0, p)
     gross = choice_values(objective, speedup, scale, counts > 0, p)
     weights = np.where(counts > 0, counts - np.repeat(np.array(base, dtype=np.int64), lens_a), 0)
@@ -490,6 +495,22 @@ def _rescale_factor(req, problem, cur_value: float | None, margin: float = 4.0, 
     if life <= r:
         return 0.0
     return (1.0 - r / life) * (1.0 - thrash_share(req, problem, margin, tenure, backoff, cap))
+
+
+def _regrow_charge(req, problem, cur_value: float | None, ref: float, tenure: bool = True) -> float:
+    """What a shrink costs beyond its own restart, in speedup units: the restart of growing back. The
+    progress rule prices a shrink as if the smaller size lasted the job's whole life, but the GPUs it
+    gives up go to jobs that end sooner, and then it grows back: one more restart at its current rate,
+    ``current x restart_s / d``, paid over ``d``, how long the smaller size is expected to last: as long
+    as the job has held its current size (tenure's premise, as the anti-thrash share; unknown or 0: the
+    horizon), at least one restart, at most its life. A job just grown is not shrunk back for a small
+    gain; one that has held its size for hours pays almost nothing more (issue 23, tails)."""
+    if not cur_value or ref <= 0:
+        return 0.0
+    r = restart_s(req)
+    held = float(req.held_s) if tenure and req.held_s else float(problem.horizon_s)
+    d = min(max(r, held), life_s(req, problem, cur_value))
+    return (cur_value / ref) * r / max(d, 1.0)
 
 
 def _restart_share(req, problem, cur_value: float | None, margin: float = 1.0, tenure: bool = False,

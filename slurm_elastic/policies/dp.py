@@ -67,7 +67,12 @@ class DPPolicy(Policy):
     undone lately (the job's own, with the cluster's at its outranked share as a prior;
     :mod:`~slurm_elastic.policies._hold`), or over the time it has held its size if that is longer: under SRPT ranks a long job's grow lasts until a shorter one
     wants the GPUs, and on Sia's cluster 90 of 153 imagenet grows were undone before they had trained
-    for their 250 s restart (docs/EVALUATION.md). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
+    for their 250 s restart (docs/EVALUATION.md). ``regrow`` (on; ``completion``): a shrink also pays the
+    restart of growing back, at the job's current rate, over as long as it has held its size
+    (:func:`~slurm_elastic.policies._candidates._regrow_charge`): the GPUs it gives up go to jobs that end
+    sooner, and then it grows back; a job just grown is not bounced for a small gain. Measured on Sia's
+    cluster (p99 and longest JCT down at every restart cost, 10 s to 600 s) and one type
+    (docs/EVALUATION.md). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
     ``age_credit`` (``completion``): a job ranks as if it had that many seconds less left per second of
     its age, by at most ``credit_cap`` of what it has left (4 and 0.97, the defaults: once a job has
     waited, only jobs with less than 3% of its remaining work pass it, so what short jobs take from long
@@ -87,7 +92,8 @@ class DPPolicy(Policy):
                  backoff: float = 0.0, round_trip: bool | str = False, unranked: str = "pnorm",
                  realloc: str = "life", thrash_cap: float = 0.5, rank_cap: float = float("inf"),
                  fills: int = 0, age_credit: float = 4.0, credit_cap: float = 0.97,
-                 infer: bool | str = True, ranked: float = 0.75, hold: bool | str = True):
+                 infer: bool | str = True, ranked: float = 0.75, hold: bool | str = True,
+                 regrow: bool | str = True):
         if objective not in self.OBJECTIVES:
             raise ValueError(f"objective must be one of {sorted(self.OBJECTIVES)}, not {objective!r}")
         self.restart_margin = number_option("restart_margin", restart_margin, low=0)
@@ -120,6 +126,7 @@ class DPPolicy(Policy):
         from slurm_elastic.policies._hold import GrowHold
 
         self.hold = GrowHold() if bool_option("hold", hold) else None  # how long grows were kept (policies/_hold)
+        self.regrow = bool_option("regrow", regrow)  # a shrink pays for growing back (_candidates._regrow_charge)
 
     def learned(self) -> dict:
         """The sizes ended jobs had (``infer``), kept across a daemon restart."""
@@ -193,7 +200,8 @@ class DPPolicy(Policy):
                                restart_margin=self.restart_margin, tenure=self.tenure, backoff=self.backoff,
                                round_trip=self.round_trip, realloc=self.realloc, thrash_cap=self.thrash_cap,
                                rank_cap=self.rank_cap, age_credit=self.age_credit, credit_cap=self.credit_cap,
-                               inferred=inferred, grow_hold=self.hold.hold_s if self.hold is not None else None)
+                               inferred=inferred, grow_hold=self.hold.hold_s if self.hold is not None else None,
+                               regrow=self.regrow)
         if self.hold is not None and plan.ahead:  # the ranks the next cycle's exposure is weighted by
             n = max(1, plan.ranked_among)
             self.hold.note_ranks({problem.jobs[j].job_id: a / n for j, a in plan.ahead.items()

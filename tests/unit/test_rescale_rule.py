@@ -3,6 +3,8 @@ unenactable plans, and reasons that name the cause (issue 23 items 5 and 7; issu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from slurm_elastic.profiles import load_profile
 from slurm_elastic.profiles.learned import LearnedModel
 from slurm_elastic.profiles.parametric import ParametricModel
 from slurm_elastic.spec import ElasticSpec
-from tests.unit.test_policies import job, spec
+from tests.unit.test_policies import MODEL, job, spec
 
 IMAGENET = load_profile("imagenet")
 
@@ -171,3 +173,45 @@ def test_age_credit_bounds_what_short_jobs_take_from_long_ones():
         get_policy("dp", age_credit=-1)
     with pytest.raises(ValueError, match="credit_cap"):
         get_policy("dp", credit_cap=float("nan"))
+
+
+def _arrival(held_s: float, regrow: bool):
+    """A job on 8 of 16 GPUs (restart 250 s, held ``held_s``) when another user's shorter job arrives."""
+    a = JobRequest(1, spec(max_gpus=16), MODEL, 8, 512, restart_s=250.0, held_s=held_s, attained_gpu_s=8 * 36000.0,
+                   remaining_samples=1e9, user="a", age_s=36000.0)
+    b = JobRequest(2, spec(max_gpus=16), MODEL, 0, None, restart_s=250.0, remaining_samples=1e8, user="b")
+    problem = AllocationProblem(16, 16, (a, b), horizon_s=3600.0)
+    policy = get_policy("dp", regrow=regrow)
+    return policy.allocate(problem).jobs, policy.candidates(problem), problem
+
+
+def test_a_shrink_pays_for_growing_back_over_as_long_as_the_job_held_its_size():
+    # grown 400 s ago: shrunk 8 -> 5 for the newcomer, it would grow back when the newcomer ends and pay
+    # a second 250 s restart at its current rate; charged, the shrink is not worth it
+    off, _, _ = _arrival(400.0, regrow=False)
+    on, _, _ = _arrival(400.0, regrow=True)
+    assert off[1].gpus == 5 and off[2].gpus == 11, (off[1].reason, off[2].reason)
+    assert on[1].gpus >= 8 and on[2].gpus >= 1, (on[1].reason, on[2].reason)
+    # held for 10 h: its next size is expected to last as long, the second restart costs next to nothing
+    assert {j: a.gpus for j, a in _arrival(36000.0, True)[0].items()} == \
+        {j: a.gpus for j, a in _arrival(36000.0, False)[0].items()} == {1: 5, 2: 11}
+
+
+@pytest.mark.parametrize("held_s", [None, 0.0, 100.0, 400.0, 36000.0, 1e7])
+def test_the_regrow_charge_is_the_current_value_times_a_restart_over_the_expected_shrink(held_s):
+    from slurm_elastic.policies._candidates import _regrow_charge
+
+    _, plan, problem = _arrival(400.0, regrow=True)
+    req = replace(problem.jobs[0], held_s=held_s)
+    cur, ref = 1000.0, 200.0
+    life = life_s(req, problem, cur)  # 1e9 / 1000 s
+    d = min(max(250.0, held_s if held_s else 3600.0), life)
+    assert _regrow_charge(req, problem, cur, ref) == pytest.approx(5.0 * 250.0 / d)
+    assert _regrow_charge(req, problem, None, ref) == 0.0 and _regrow_charge(req, problem, cur, 0.0) == 0.0
+    # in the knapsack: the shrink choices of the running job lose it (times its rank weight), nothing else does
+    _, off, _ = _arrival(400.0, regrow=False)
+    lo, hi = int(plan.offsets[0]), int(plan.offsets[1])
+    counts = plan.cols[0, lo:hi]
+    assert np.all(plan.values[lo:hi][counts < 8] < off.values[lo:hi][counts < 8])
+    assert np.array_equal(plan.values[lo:hi][counts >= 8], off.values[lo:hi][counts >= 8])
+    assert np.array_equal(plan.values[hi:], off.values[hi:])
