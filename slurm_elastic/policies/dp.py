@@ -71,8 +71,8 @@ class DPPolicy(Policy):
     restart of growing back, at the job's current rate, over as long as it has held its size
     (:func:`~slurm_elastic.policies._candidates._regrow_charge`): the GPUs it gives up go to jobs that end
     sooner, and then it grows back; a job just grown is not bounced for a small gain. Measured on Sia's
-    cluster (p99 and longest JCT down at every restart cost, 10 s to 600 s) and one type
-    (docs/EVALUATION.md). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
+    cluster (mean, p99 and longest JCT down at 30 s, per-model and 600 s restarts; level at 10 s) and
+    one type (docs/EVALUATION.md). ``rank_cap``: the most a job's SRPT rank may weigh (``completion``).
     ``age_credit`` (``completion``): a job ranks as if it had that many seconds less left per second of
     its age, by at most ``credit_cap`` of what it has left (4 and 0.97, the defaults: once a job has
     waited, only jobs with less than 3% of its remaining work pass it, so what short jobs take from long
