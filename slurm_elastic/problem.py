@@ -40,7 +40,8 @@ Rules:
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
   restart cost measured for the job (the model's ``restart_s``, see profiles/learned.py), else the
-  spec's own estimate, either at most ``claims.RESTART_CLAIM_MAX_S``, else ``default_restart_s``; ``noise_scale``/``base_batch`` are the model's
+  spec's own estimate, either at most ``claims.RESTART_CLAIM_MAX_S``, else ``default_restart_s``;
+  ``noise_scale``/``base_batch`` are the model's
   (what the job reported, profiles/learned.py; None otherwise), unless the driver's ``job_info``
   gives a noise scale (the simulator: the trace's); ``attained_gpu_s``/``remaining_samples`` come
   from ``job_info``. A running job's view says whether it has reported a step

@@ -241,6 +241,9 @@ def _share_budget(spec: ElasticSpec, counts: list[int]) -> int:
     return MAX_SHARES
 
 
+DEFAULT_RESTART_S = 45.0  # a request's restart cost when neither it nor its spec gives one
+
+
 def restart_s(req: JobRequest) -> float:
     """A rescale's cost in seconds: the request's (measured, else the spec's bounded claim, else the
     site default: problem.py), else, for a request built without one, the spec's ``restart_s``, else 45 s.
@@ -249,9 +252,6 @@ def restart_s(req: JobRequest) -> float:
     if req.restart_s is not None:
         return float(req.restart_s)
     return float(req.spec.restart_s if req.spec.restart_s is not None else DEFAULT_RESTART_S)
-
-
-DEFAULT_RESTART_S = 45.0  # a request's restart cost when neither it nor its spec gives one
 
 
 def current_samples_per_s(req: JobRequest, node_size: int) -> float | None:
