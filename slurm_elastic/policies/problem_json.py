@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from slurm_elastic.policies._tables import DEFAULT_RESTART_S
 from slurm_elastic.policies.base import Allocation, AllocationProblem, JobRequest, Pool, most_common_size
 from slurm_elastic.profiles import model_for_spec
 from slurm_elastic.spec import MAX_GPUS_LIMIT, SpecError, ThroughputPoint, parse_spec, validate_spec
@@ -233,7 +234,7 @@ def problem_from_dict(data: Any) -> AllocationProblem:
             rb = _int(rb, jid, "running_batch", 1, 1 << 40)
             if not running:
                 raise SpecError("running_batch without running_gpus", job_id=jid, field="running_batch")
-        restart = _num(jd.get("restart_s", spec.restart_s if spec.restart_s is not None else 45.0), jid,
+        restart = _num(jd.get("restart_s", spec.restart_s if spec.restart_s is not None else DEFAULT_RESTART_S), jid,
                        "restart_s", 0.0, 1e7)
         wait = _num(jd.get("wait_s", 0.0), jid, "wait_s", 0.0, 1e10)
         model = model_for_spec(spec, node_size, job_id=jid)
