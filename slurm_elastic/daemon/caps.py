@@ -7,6 +7,9 @@
   the largest allowed GPU count that still fits (with the feasible batch nearest to the one chosen),
   or nothing if even its minimum does not fit. A running job is never cut below its minimum; if its
   user is over the cap through running jobs alone, new starts and grows of that user wait.
+- A **weight grant** bounds what a spec's ``weight`` is worth. The weight is the user's word, so as with
+  Slurm's ``--nice`` a user may only lower a job's standing: a weight counts for at most the site's
+  grant to that user (``weight_grants``, default 1). To put one job first, a user lowers the others.
 
 This keeps the caps exact whatever a job asks for; the price is that GPUs a cap takes from one job
 are not re-optimised among the others until the next cycle.
@@ -25,6 +28,7 @@ class CappedPolicy(Policy):
     max_gpus_per_job: int = 0
     max_gpus_per_user: int = 0
     user_of: dict | None = None  # job id -> user name, refreshed every cycle
+    weight_grants: dict | None = None  # user name ("*": every user) -> the most weight a job counts with
 
     def __post_init__(self):
         self.name = getattr(self.inner, "name", "")
@@ -33,6 +37,7 @@ class CappedPolicy(Policy):
         # did not decide is limited to the decided size (daemon/oversight.py), so it is never grown past
         # it and is shrunk like a job over its cap.
         self.limit: dict = {}
+        self.weight_notes: dict = {}  # job id -> why its weight counted for less than its spec asks
 
     def learned(self) -> dict:
         return self.inner.learned()
@@ -40,10 +45,30 @@ class CappedPolicy(Policy):
     def restore(self, learned: dict) -> None:
         self.inner.restore(learned)
 
+    def grant(self, user: str) -> float:
+        """The most weight a job of ``user`` counts with against other users' jobs (1 unless granted)."""
+        g = self.weight_grants or {}
+        return float(g.get(user, g.get("*", 1.0)))
+
+    def _granted(self, jobs) -> list:
+        """Each job's weight capped at its user's grant (the note says so in status)."""
+        users = self.user_of or {}
+        out = []
+        for j in jobs:
+            u = users.get(j.job_id, j.user)
+            g = self.grant(u)
+            if j.spec.weight > g:
+                self.weight_notes[j.job_id] = (f"weight {j.spec.weight:g} counts as {g:g} "
+                                               f"(the site's grant to {u or '?'})")
+                j = replace(j, spec=replace(j.spec, weight=g))
+            out.append(j)
+        return out
+
     def allocate(self, problem: AllocationProblem) -> Allocation:
         self.excluded = {}
+        self.weight_notes = {}
         jobs = []
-        for j in problem.jobs:
+        for j in self._granted(problem.jobs):
             lim = self.limit.get(j.job_id)
             if lim is not None and j.spec.max_gpus > lim:
                 j = replace(j, spec=replace(j.spec, max_gpus=max(lim, j.spec.min_gpus)))

@@ -86,7 +86,8 @@ class Daemon:
         self.clock = clock
         self.cycle_no = 0
         self._limits: tuple[float, dict] | None = None  # (when read, partition -> PartitionRecord)
-        self.policy = CappedPolicy(get_policy(config.policy), config.max_gpus_per_job, config.max_gpus_per_user)
+        self.policy = CappedPolicy(get_policy(config.policy), config.max_gpus_per_job, config.max_gpus_per_user,
+                                   weight_grants=config.weight_grants)
         self.state = CycleState()
         self.enactor: Enactor | None = None
         self.journal: DBJournal | None = None
@@ -252,7 +253,8 @@ class Daemon:
             return
         learned = self.policy.learned() if cfg.policy == self.config.policy else {}
         self.config = cfg
-        self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user)
+        self.policy = CappedPolicy(get_policy(cfg.policy), cfg.max_gpus_per_job, cfg.max_gpus_per_user,
+                                   weight_grants=cfg.weight_grants)
         self.policy.restore(learned)  # the same policy reloaded keeps what it learned
         self.rules = SiteRules(cfg.max_weight, cfg.state_dir)
         self.models.ratios.set_speeds(cfg.gpu_speed)
@@ -562,7 +564,8 @@ class Daemon:
                 if book and book.last_change_s is not None else None,
                 "reason": (f"spec invalid ({snap.degraded[v.job_id]}): kept on its last valid spec, may shrink, "
                            f"never grow; " if v.job_id in snap.degraded else "")
-                + (plan_reason.get(v.job_id) or (a.reason if a else "") or ""),
+                + "; ".join(x for x in (plan_reason.get(v.job_id) or (a.reason if a else ""),
+                                        self.policy.weight_notes.get(v.job_id)) if x),
             })
         active = {j.job_id for j in records}
         self.models.evidence.forget_except(active, self.models.owners)

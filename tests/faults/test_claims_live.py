@@ -251,3 +251,46 @@ def test_a_running_job_whose_spec_turns_invalid_is_still_shrunk_for_others(lua_c
         if d is not None:
             d.close()
         scancel(c, ids)
+
+
+def test_a_spec_s_weight_and_restart_cost_claims_buy_no_gpus(lua_cluster, users, tmp_path, reliability):
+    reliability("claims earn trust", "a spec's weight= and restart_s= are the user's word",
+                "two users' jobs (1-4 GPUs) submitted together on 4 free GPUs; one spec says weight=10 (under "
+                "max_weight, no weight_grants) and restart_s=1e7 (never measured)",
+                "the weight counts as 1 and the restart cost as 600 s: the GPUs split as for twins, and status "
+                "says `weight 10 counts as 1`")
+    c = lua_cluster
+    (fu, fpw), (hu, hpw) = [(u, users[u]) for u in USERS]
+    ids, d = [], None
+    try:
+        ids.append(c.sbatch(["--gres=gpu:4", "-w", "node1", "-o", "/dev/null", "--partition=gpu", str(c.script)]))
+        wait_for(lambda: jobs_by_id(c, ids)[ids[0]].is_running, 60, "the rigid job to run")
+        honest = _submit(c, hu, _dir(c, "w-honest", hpw))
+        heavy = _submit(c, fu, _dir(c, "w-heavy", fpw), SPEC + ",weight=10,restart_s=10000000")
+        ids += [honest, heavy]
+        d = _daemon(c, tmp_path / "state")
+
+        def both_run():
+            d.cycle()
+            recs = jobs_by_id(c, [honest, heavy])
+            return all(j.is_running for j in recs.values()) and recs
+
+        try:
+            recs = wait_for(both_run, 90, "both jobs to run")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {jobs_by_id(c, [honest, heavy])} {_views(d)}") from None
+        d.cycle()
+        v = _views(d)
+        # unweighted twins on 4 GPUs split 2 / 2; granted, weight 10 gets 3 / 1 (tests/unit/test_daemon.py)
+        assert recs[heavy].gpus_total <= recs[honest].gpus_total, (recs, v[heavy], v[honest])
+        assert v[heavy]["target_gpus"] <= v[honest]["target_gpus"], (v[heavy], v[honest])
+        assert f"weight 10 counts as 1 (the site's grant to {fu})" in v[heavy]["reason"], v[heavy]
+        assert "counts as" not in (v[honest]["reason"] or ""), v[honest]
+        assert (v[heavy]["restart_s"], v[honest]["restart_s"]) == (600.0, 5.0), (v[heavy], v[honest])
+        reliability.figure("GPUs honest / claimant", f"{recs[honest].gpus_total} / {recs[heavy].gpus_total}")
+        reliability.figure("restart cost planned honest / claimant (s)", "5 / 600")
+        reliability.jobs(lost=sum(1 for j in recs.values() if not j.is_active), left_held=0)
+    finally:
+        if d is not None:
+            d.close()
+        scancel(c, ids)

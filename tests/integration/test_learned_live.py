@@ -59,7 +59,7 @@ def test_noise_scale_is_reported_the_model_is_fitted_and_no_resize_before_a_firs
     cfg_path = work / "elastic.toml"
     write_daemon_config(cfg_path, work / "state", 9788)
     cfg_path.write_text(cfg_path.read_text().replace("cooldown_s = 8", "cooldown_s = 2")
-                        + 'metrics_address = ""\n')
+                        + 'metrics_address = ""\nweight_grants = {"*" = 4}\n')  # B's weight=4 counts
     d = Daemon(load_config(cfg_path), backend=c.backend)
     d.open()
     d.models.claims.PROBATION_S = 0.0  # the claim counts as soon as its throughput is verified (no 60 s wait)

@@ -215,3 +215,42 @@ def test_an_unmeasured_restart_claim_counts_for_at_most_ten_minutes(tmp_path):
         snap = build_problem(recs, _nodes(8), model_for=lambda r, s, m=measured: Measured(m), now=100.0,
                              default_restart_s=20.0)
         assert {r.restart_s for r in snap.problem.jobs} == {planned}
+
+
+# ----- the weight: a user may only lower a job's standing; more is the site's grant --------------------
+
+
+def _weighted(w, grants=None, running=0):
+    """Users a and b, one job each on 16 GPUs, a's spec asking weight ``w``; the GPUs each gets."""
+    from slurm_elastic.daemon.caps import CappedPolicy
+    from slurm_elastic.policies import AllocationProblem, JobRequest
+    from tests.unit.test_policies import MODEL, spec
+
+    def req(jid, s, user):
+        return JobRequest(jid, s, MODEL, running, 64 * running if running else None, restart_s=30.0,
+                          held_s=3600.0 if running else None, remaining_samples=1e9, user=user, age_s=3600.0)
+
+    capped = CappedPolicy(get_policy("dp"), user_of={1: "a", 2: "b"}, weight_grants=grants)
+    plan = capped.allocate(AllocationProblem(16, 16, (req(1, spec(max_gpus=16, weight=w), "a"),
+                                                      req(2, spec(max_gpus=16), "b")), horizon_s=3600.0))
+    return {j: x.gpus for j, x in plan.jobs.items()}, capped.weight_notes
+
+
+@pytest.mark.parametrize("running", [0, 8])
+def test_a_spec_weight_buys_no_gpus_from_another_user_beyond_the_site_s_grant(running):
+    # Before: any user could write weight=10 (the site's max_weight) and outrank every other user's job
+    # tenfold: measured {1: 11, 2: 5} against the honest twin's {1: 8, 2: 8} pending ({1: 5, 2: 11} running).
+    honest, notes = _weighted(1.0, running=running)
+    assert notes == {} and honest[1] <= 8
+    for w in (2.0, 10.0):
+        got, notes = _weighted(w, running=running)
+        assert got == honest, (w, got)
+        assert notes == {1: f"weight {w:g} counts as 1 (the site's grant to a)"}
+    # An admin's grant to the user (or to every user, "*") is what lets a weight count for more
+    for grants in ({"a": 10.0}, {"*": 10.0}):
+        got, notes = _weighted(10.0, grants, running=running)
+        assert got[1] > honest[1] and notes == {}, got
+    assert _weighted(10.0, {"b": 10.0}, running=running)[0] == honest  # a grant to b is not a's
+    # Lowering is the user's own choice: job a yields to b
+    low, notes = _weighted(0.1, running=running)
+    assert low[1] <= honest[1] and low[1] < 8 and notes == {}, low

@@ -467,3 +467,39 @@ def test_a_waiting_job_the_daemon_never_validated_is_held_not_left_to_run(tmp_pa
     _run(sim, d, sim.now + 200)
     assert sim.get_job(bad).is_running
     d.close()
+
+
+def test_a_weight_above_the_users_grant_counts_as_the_grant_and_status_says_so(tmp_path):
+    """A spec's weight is the user's word: above the site's grant (``weight_grants``, default 1) it counts
+    as the grant, so alice's weight=10 does not take bob's GPUs; the daemon's view names why."""
+    def run(grants, state):
+        sim = SimulatedSlurm(nodes=1, gpus_per_node=8, checkpoint_s=5, restart_s=10)
+        model = load_profile("cifar10")
+        a = sim.submit(name="A", gpus_per_node=1, comment=SPEC_A + ",weight=10", total_samples=4e9, model=model,
+                       user="alice")
+        b = sim.submit(name="B", gpus_per_node=1, comment=SPEC_A, total_samples=4e9, model=model, user="bob")
+        cfg = config_from_dict({"state_dir": str(tmp_path / state), "metrics_address": "", "cooldown_s": 0,
+                                "restart_cost_s": 5, "ack_timeout_s": 600, "weight_grants": grants})
+        d = Daemon(cfg, backend=sim, ack=sim, clock=lambda: sim.now)
+        d.open()
+        try:
+            _run(sim, d, 120)
+            return sim.get_job(a).gpus_total, sim.get_job(b).gpus_total, d.db.job_views()[a]["reason"]
+        finally:
+            d.close()
+
+    ga, gb, why = run({}, "plain")
+    assert (ga, gb) == (4, 4), why  # before grants: 6 and 2 (measured), as with the grant below
+    assert "weight 10 counts as 1 (the site's grant to alice)" in why
+    ga, gb, why = run({"alice": 10, "*": 1}, "granted")
+    assert ga > gb and "counts as" not in why, (ga, gb, why)
+
+
+@pytest.mark.parametrize("bad", [{"alice": 0}, {"alice": -1}, {"alice": float("nan")}, {"alice": float("inf")},
+                                 {"alice": 2e6}, {"alice": True}, {"al ice": 2}, {"alice\n": 2}, {"": 2},
+                                 {"alice": "2"}, ["alice"], 3.0])
+def test_weight_grants_are_checked_and_named(bad):
+    with pytest.raises(ConfigError, match="weight_grants"):
+        config_from_dict({"weight_grants": bad}, source="elastic.toml")
+    assert config_from_dict({"weight_grants": {"alice": 4, "*": 2, "svc-train.1@lab": 1}}).weight_grants == \
+        {"alice": 4.0, "*": 2.0, "svc-train.1@lab": 1.0}
