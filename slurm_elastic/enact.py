@@ -43,6 +43,7 @@ from typing import Protocol, runtime_checkable
 
 from slurm_elastic import planner as pl
 from slurm_elastic.backends.base import JobNotRequeueable, SlurmBackend, SlurmError
+from slurm_elastic.claims import RESTART_CLAIM_MAX_S
 from slurm_elastic.policies.base import Allocation, JobAllocation, Policy
 from slurm_elastic.problem import ModelFor, Snapshot, SpecCache, build_problem
 
@@ -397,6 +398,7 @@ def run_cycle(
     partitions: Iterable[str] | None = None,
     node_size: int | None = None,
     default_restart_s: float = 45.0,
+    restart_claim_max_s: float = RESTART_CLAIM_MAX_S,
     horizon_s: float = 3600.0,
     placement: bool = True,
     job_info=None,
@@ -431,6 +433,7 @@ def run_cycle(
         node_size=node_size,
         in_flight=enactor.in_flight_targets(),
         default_restart_s=default_restart_s,
+        restart_claim_max_s=restart_claim_max_s,
         horizon_s=horizon_s,
         allow_preemption=bool(planner_config and planner_config.allow_preemption),
         spec_cache=state.spec_cache,

@@ -40,7 +40,8 @@ Rules:
   submit time, then job id: FIFO among held jobs, whose Slurm priority is 0.
 - Each job gets the throughput model returned by ``model_for(record, spec)``; ``restart_s`` is the
   restart cost measured for the job (the model's ``restart_s``, see profiles/learned.py), else the
-  spec's own estimate, either at most ``claims.RESTART_CLAIM_MAX_S``, else ``default_restart_s``;
+  spec's own estimate, either at most ``restart_claim_max_s`` (a claim, claims.py), else
+  ``default_restart_s``;
   ``noise_scale``/``base_batch`` are the model's
   (what the job reported, profiles/learned.py; None otherwise), unless the driver's ``job_info``
   gives a noise scale (the simulator: the trace's); ``attained_gpu_s``/``remaining_samples`` come
@@ -58,7 +59,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from slurm_elastic.backends.base import JobRecord, NodeRecord, PartitionRecord
-from slurm_elastic.claims import restart_claim
+from slurm_elastic.claims import RESTART_CLAIM_MAX_S, restart_claim
 from slurm_elastic.planner import IN_FLIGHT, PENDING, RUNNING, STARTING, JobView
 from slurm_elastic.policies.base import AllocationProblem, JobRequest, Pool, most_common_size
 from slurm_elastic.pools import (
@@ -335,6 +336,7 @@ def build_problem(
     node_size: int | None = None,
     in_flight: Mapping[int, int] | None = None,
     default_restart_s: float = 45.0,
+    restart_claim_max_s: float = RESTART_CLAIM_MAX_S,
     horizon_s: float = 3600.0,
     allow_preemption: bool = False,
     spec_cache: SpecCache | None = None,
@@ -392,7 +394,8 @@ def build_problem(
             cache.last_valid[r.job_id] = spec
         # The same record object as last cycle (the simulated backend reuses unchanged ones) with the same
         # in-flight target gives the same request and view; only a pending job's wait_s moves on.
-        hit = cache.record_hit(r, (target, size, default_restart_s, model))
+        costs = (default_restart_s, restart_claim_max_s)
+        hit = cache.record_hit(r, (target, size, costs, model))
         if hit is not None:
             req, view, d = hit
             if r.submit_time is not None:  # only the clock moves on: its age, and a pending job's wait
@@ -407,8 +410,8 @@ def build_problem(
                 if r.is_running:
                     capacity -= r.gpus_total
                 continue
-            req, view = _job_request(r, spec, model, d, target, shape, cache, now, default_restart_s)
-            cache.remember(r, (target, size, default_restart_s, model), (req, view, d))
+            req, view = _job_request(r, spec, model, d, target, shape, cache, now, costs)
+            cache.remember(r, (target, size, costs, model), (req, view, d))
         if d is not None:
             decisions[r.job_id] = d
         info = job_info(r) if job_info is not None else None
@@ -543,9 +546,11 @@ def _sort_jobs(jobs, shape: _Shape, cache: SpecCache, in_flight, left_alone, par
 
 
 def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Decision | None, target: int | None,
-                 shape: _Shape, cache: SpecCache, now: float, default_restart_s: float) -> tuple[JobRequest, JobView]:
+                 shape: _Shape, cache: SpecCache, now: float, costs: tuple[float, float]) -> tuple[JobRequest, JobView]:
     """One elastic job's request to the policy and its view for the planner: where it stands (pending,
-    starting, running, in flight), at what size and batch, its age, wait and restart cost."""
+    starting, running, in flight), at what size and batch, its age, wait and restart cost. ``costs``: the
+    restart cost of a job nothing is known of, and the most a claimed or measured one counts for."""
+    default_restart_s, most_s = costs
     size = shape.size
     if target is not None:
         status, gpus = IN_FLIGHT, target
@@ -563,8 +568,8 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
     age = max(0.0, now - r.submit_time) if r.submit_time is not None else None
     wait = age if (status == PENDING and age is not None) else 0.0
     # the trust rule: both rest on the job's word (its first step's report; its spec), so both are bounded
-    measured_restart = restart_claim(getattr(model, "restart_s", None))
-    claimed_restart = restart_claim(spec.restart_s)
+    measured_restart = restart_claim(getattr(model, "restart_s", None), most_s)
+    claimed_restart = restart_claim(spec.restart_s, most_s)
     req = JobRequest(
         job_id=r.job_id,
         spec=spec,

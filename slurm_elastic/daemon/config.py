@@ -33,6 +33,7 @@ class DaemonConfig:
     max_in_flight: int = 4  # most resizes under way at once
     ack_timeout_s: float = 300.0  # wait this long for a job's checkpoint ack, then leave it running
     restart_cost_s: float = 45.0  # restart cost until measured for the job (spec restart_s, else this)
+    restart_claim_max_s: float = 600.0  # the most a job's claimed or measured restart cost counts for (claims.py)
     horizon_s: float = 3600.0  # restart costs are weighed against gains over this horizon
     allow_preemption: bool = False  # may the daemon stop a running elastic job to admit others?
     signal: str = "USR2"  # the checkpoint-and-stop signal sent to a job's steps
@@ -74,6 +75,7 @@ RANGES: dict[str, tuple[float | None, float]] = {
     "max_in_flight": (1, 1024),
     "ack_timeout_s": (1.0, DAY),
     "restart_cost_s": (0.0, DAY),
+    "restart_claim_max_s": (1.0, DAY),
     "horizon_s": (1.0, 365 * DAY),
     "metrics_port": (1, 65535),
     "slurm_timeout_s": (1.0, 3600.0),

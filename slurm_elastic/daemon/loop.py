@@ -342,7 +342,8 @@ class Daemon:
                 model_for=self._model_for, now=now, job_info=lambda r: self.models.progress.get(r.job_id),
                 planner_config=pl.PlannerConfig(cooldown_s=cfg.cooldown_s, max_in_flight=cfg.max_in_flight,
                                                 allow_preemption=cfg.allow_preemption),
-                partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s, horizon_s=cfg.horizon_s,
+                partitions=cfg.partitions or None, default_restart_s=cfg.restart_cost_s,
+                restart_claim_max_s=cfg.restart_claim_max_s, horizon_s=cfg.horizon_s,
                 left_alone=left_alone, partition_limits=self._partition_limits(),
                 model_for_type=self.models.model_for_type, note_nodes=self.models.note_nodes,
             )

@@ -215,6 +215,12 @@ def test_an_unmeasured_restart_claim_counts_for_at_most_ten_minutes(tmp_path):
         snap = build_problem(recs, _nodes(8), model_for=lambda r, s, m=measured: Measured(m), now=100.0,
                              default_restart_s=20.0)
         assert {r.restart_s for r in snap.problem.jobs} == {planned}
+    # a site whose honest restarts take longer raises the bound (daemon config restart_claim_max_s)
+    snap = build_problem(recs, _nodes(8), model_for=reg, now=100.0, default_restart_s=20.0, restart_claim_max_s=3600.0)
+    assert {r.job_id: r.restart_s for r in snap.problem.jobs} == {1: 20.0, 2: 90.0, 3: 3600.0}
+    snap = build_problem(recs, _nodes(8), model_for=lambda r, s: Measured(5000.0), now=100.0,
+                         restart_claim_max_s=3600.0)
+    assert {r.restart_s for r in snap.problem.jobs} == {3600.0}
 
 
 # ----- the weight: a user may only lower a job's standing; more is the site's grant --------------------

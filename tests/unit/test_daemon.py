@@ -503,3 +503,20 @@ def test_weight_grants_are_checked_and_named(bad):
         config_from_dict({"weight_grants": bad}, source="elastic.toml")
     assert config_from_dict({"weight_grants": {"alice": 4, "*": 2, "svc-train.1@lab": 1}}).weight_grants == \
         {"alice": 4.0, "*": 2.0, "svc-train.1@lab": 1.0}
+
+
+@pytest.mark.parametrize("most,planned", [(None, 600.0), (100, 100.0), (7200, 7200.0)])
+def test_the_daemon_bounds_a_claimed_restart_cost_at_its_restart_claim_max_s(tmp_path, most, planned):
+    sim = SimulatedSlurm(nodes=1, gpus_per_node=4, checkpoint_s=5, restart_s=10)
+    a = sim.submit(name="A", gpus_per_node=1, comment=SPEC_A + ",restart_s=10000000", total_samples=4e9,
+                   model=load_profile("cifar10"), user="alice")
+    over = {"state_dir": str(tmp_path), "metrics_address": ""}
+    if most is not None:
+        over["restart_claim_max_s"] = most
+    d = Daemon(config_from_dict(over), backend=sim, ack=sim, clock=lambda: sim.now)
+    d.open()
+    try:
+        _run(sim, d, 60)
+        assert d.db.job_views()[a]["restart_s"] == planned
+    finally:
+        d.close()
