@@ -138,6 +138,7 @@ class JobView:
     restart: str = ""
     restart_below: int = 0  # ... the local batch that failed: a restart in the same pool must go below it
     restart_s: float | None = None  # its restart cost as the policy plans with it (measured, spec, default)
+    restart_from: str = ""  # where that figure comes from: measured, spec or default; ",capped" when bounded
 
 
 @dataclass(frozen=True)

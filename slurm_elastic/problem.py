@@ -568,8 +568,15 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
     age = max(0.0, now - r.submit_time) if r.submit_time is not None else None
     wait = age if (status == PENDING and age is not None) else 0.0
     # the trust rule: both rest on the job's word (its first step's report; its spec), so both are bounded
-    measured_restart = restart_claim(getattr(model, "restart_s", None), most_s)
+    raw_measured = getattr(model, "restart_s", None)
+    measured_restart = restart_claim(raw_measured, most_s)
     claimed_restart = restart_claim(spec.restart_s, most_s)
+    if measured_restart is not None:
+        restart_from = "measured" + (",capped" if float(raw_measured) > most_s else "")
+    elif claimed_restart is not None:
+        restart_from = "spec" + (",capped" if spec.restart_s > most_s else "")
+    else:
+        restart_from = "default"
     req = JobRequest(
         job_id=r.job_id,
         spec=spec,
@@ -592,7 +599,7 @@ def _job_request(r: JobRecord, spec: ElasticSpec, model: ThroughputModel, d: Dec
     stepped = (r.restart_count in facts.stepped_restarts) if known else None
     view = JobView(r.job_id, status, gpus, batch, sps, spec, on, r.gpus_per_node if on else 0, stepped,
                    _submitted_to(r, cache).partitions, _start_nodes(r, shape) if status == STARTING else None,
-                   restart_s=req.restart_s)
+                   restart_s=req.restart_s, restart_from=restart_from)
     return req, view
 
 

@@ -49,13 +49,14 @@ COLUMNS = {
         Column("samples_per_s", "SAMPLES/S", 9, True),
         Column("efficiency", "EFFICIENCY", 10, True),
         Column("rescales", "RESCALES", 8, True),
+        Column("restart", "RESTART", 18),
         Column("model", "MODEL", 16),
         Column("progress", "DONE", 6),
         Column("last_change", "LAST-CHANGE", 19),
         Column("reason", "REASON", 30),
     ]
 }
-DEFAULT_FORMAT = ("jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,model,"
+DEFAULT_FORMAT = ("jobid,partition,name,user,st,gpus,range,nodes,batch,samples_per_s,efficiency,rescales,restart,model,"
                   "progress,last_change,reason")
 
 
@@ -111,9 +112,13 @@ def merge_daemon_view(row: dict, view: dict | None) -> dict:
     if not view:
         return row
     row = dict(row)
-    for key in ("samples_per_s", "efficiency", "model", "model_uncertainty", "noise_scale", "restart_s"):
+    for key in ("samples_per_s", "efficiency", "model", "model_uncertainty", "noise_scale", "restart_s",
+                "restart_from"):
         if view.get(key) is not None:
             row[key] = view[key]
+    if view.get("restart_s") is not None:  # the restart cost the daemon plans with, and where it comes from
+        src = view.get("restart_from")
+        row["restart"] = f"{view['restart_s']:.0f}s" + (f"({src})" if src else "")
     if view.get("rescales") is not None:
         row["rescales"] = view["rescales"]
     if view.get("last_change"):

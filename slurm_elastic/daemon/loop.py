@@ -559,6 +559,7 @@ class Daemon:
             rows.append({
                 "model": getattr(m, "provenance", None), "model_uncertainty": getattr(m, "uncertainty", None),
                 "noise_scale": getattr(m, "noise_scale", None), "restart_s": req.restart_s if req else None,
+                "restart_from": v.restart_from or None,
                 "job_id": v.job_id, "gpus": v.gpus, "target_gpus": a.gpus if a else None, "batch": v.batch,
                 "samples_per_s": sps, "efficiency": eff, "rescales": book.rescales if book else 0,
                 "last_change": (time.time() - (self.clock() - book.last_change_s))

@@ -103,7 +103,7 @@ CREATE TABLE IF NOT EXISTS placed (
 
 
 JOB_VIEW_ADDED = (("model", "TEXT"), ("model_uncertainty", "REAL"), ("noise_scale", "REAL"), ("restart_s", "REAL"),
-                  ("name", "TEXT"), ("user", "TEXT"), ("partition", "TEXT"))
+                  ("name", "TEXT"), ("user", "TEXT"), ("partition", "TEXT"), ("restart_from", "TEXT"))
 BOOKS_ADDED = (("submitted", "REAL"), ("excluded", "TEXT"))
 MAX_EXCLUDED = 4096  # node names kept per job's ExcNodeList (the daemon writes them; bounded all the same)
 UNKNOWN_EXCLUDED = ("?",)  # an unreadable stored list: the job has one, to be cleared at its next start
@@ -335,17 +335,17 @@ class StateDB:
                 self.conn.execute(
                     "INSERT INTO jobs(job_id, updated, gpus, target_gpus, batch, samples_per_s, efficiency, "
                     "rescales, last_change, reason, model, model_uncertainty, noise_scale, restart_s, name, user, "
-                    "partition) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "partition, restart_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(job_id) DO UPDATE SET updated=excluded.updated, gpus=excluded.gpus, "
                     "target_gpus=excluded.target_gpus, batch=excluded.batch, samples_per_s=excluded.samples_per_s, "
                     "efficiency=excluded.efficiency, rescales=excluded.rescales, last_change=excluded.last_change, "
                     "reason=excluded.reason, model=excluded.model, model_uncertainty=excluded.model_uncertainty, "
                     "noise_scale=excluded.noise_scale, restart_s=excluded.restart_s, name=excluded.name, "
-                    "user=excluded.user, partition=excluded.partition",
+                    "user=excluded.user, partition=excluded.partition, restart_from=excluded.restart_from",
                     (int(r["job_id"]), now, r.get("gpus"), r.get("target_gpus"), r.get("batch"),
                      r.get("samples_per_s"), r.get("efficiency"), r.get("rescales"), r.get("last_change"),
                      r.get("reason"), r.get("model"), r.get("model_uncertainty"), r.get("noise_scale"),
-                     r.get("restart_s"), r.get("name"), r.get("user"), r.get("partition")),
+                     r.get("restart_s"), r.get("name"), r.get("user"), r.get("partition"), r.get("restart_from")),
                 )
                 # Active again (a requeue after it was seen ending): no longer ended.
                 self.conn.execute("DELETE FROM ended WHERE job_id = ?", (int(r["job_id"]),))

@@ -203,6 +203,7 @@ def test_an_unmeasured_restart_claim_counts_for_at_most_ten_minutes(tmp_path):
     snap = build_problem(recs, _nodes(8), model_for=reg, now=100.0, default_restart_s=20.0)
     assert {r.job_id: r.restart_s for r in snap.problem.jobs} == {1: 20.0, 2: 90.0, 3: 600.0}
     assert {v.job_id: v.restart_s for v in snap.views} == {1: 20.0, 2: 90.0, 3: 600.0}  # the stability guard's
+    assert {v.job_id: v.restart_from for v in snap.views} == {1: "default", 2: "spec", 3: "spec,capped"}  # status
     # a measured cost replaces the claim, and is bounded too: it ends at a first step the job reports
     from sim_helpers import LinearModel
 
@@ -215,6 +216,7 @@ def test_an_unmeasured_restart_claim_counts_for_at_most_ten_minutes(tmp_path):
         snap = build_problem(recs, _nodes(8), model_for=lambda r, s, m=measured: Measured(m), now=100.0,
                              default_restart_s=20.0)
         assert {r.restart_s for r in snap.problem.jobs} == {planned}
+        assert {v.restart_from for v in snap.views} == {"measured" if measured < 600 else "measured,capped"}
     # a site whose honest restarts take longer raises the bound (daemon config restart_claim_max_s)
     snap = build_problem(recs, _nodes(8), model_for=reg, now=100.0, default_restart_s=20.0, restart_claim_max_s=3600.0)
     assert {r.job_id: r.restart_s for r in snap.problem.jobs} == {1: 20.0, 2: 90.0, 3: 3600.0}

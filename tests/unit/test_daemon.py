@@ -517,6 +517,15 @@ def test_the_daemon_bounds_a_claimed_restart_cost_at_its_restart_claim_max_s(tmp
     d.open()
     try:
         _run(sim, d, 60)
-        assert d.db.job_views()[a]["restart_s"] == planned
+        view = d.db.job_views()[a]
+        assert view["restart_s"] == planned
+        assert view["restart_from"] == ("spec,capped" if planned < 1e7 else "spec")
+        # status shows the figure the daemon plans with and where it comes from (no silent default)
+        from slurm_elastic.commands.status import format_table, job_row, merge_daemon_view
+
+        row = merge_daemon_view(job_row(sim.get_job(a)), view)
+        out = format_table([row], "jobid,restart,reason")
+        assert out.splitlines()[0].split() == ["JOBID", "RESTART", "REASON"]
+        assert out.splitlines()[1].split()[1] == f"{planned:.0f}s(spec,capped)", out
     finally:
         d.close()
