@@ -291,6 +291,39 @@ def test_status_command_shows_elastic_jobs(slurm_cluster, job_dir):
         scancel(c, jid, bad, plain)
 
 
+def test_plan_command_shows_what_the_next_cycle_would_do_and_changes_nothing(slurm_cluster, job_dir, tmp_path):
+    """``slurm-elastic plan``: the next cycle's decisions, read from the real Slurm, nothing enacted; a
+    spec weight above the user's grant is named in the reason, as status names it."""
+    import json
+
+    c = slurm_cluster
+    script = str(write_script(job_dir))
+    plain = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC},batch=64", "-o", "/dev/null", script])
+    heavy = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC},batch=64,weight=10", "-o", "/dev/null", script])
+    cfg = tmp_path / "elastic.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "state"}"\nmetrics_address = ""\nbackend = "cli"\n'
+                   f'slurm_bin = "{c.config.bin}"\n')
+    try:
+        run = [sys.executable, "-m", "slurm_elastic.cli", "plan", "--config", str(cfg)]
+        out = subprocess.run(run, env=c.env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith("policy dp: ") and lines[1].split() == ["JOBID", "STATUS", "GPUS", "NEXT", "BATCH",
+                                                                          "ACTION", "REASON"], lines
+        rows = {int(line.split()[0]): line for line in lines[2:] if line.split()[0].isdigit()}
+        assert set(rows) >= {plain, heavy}, lines
+        assert "weight 10 counts as 1 (the site's grant to root)" in rows[heavy], rows[heavy]
+        assert "counts as" not in rows[plain], rows[plain]
+        doc = json.loads(subprocess.run([*run, "--json"], env=c.env, capture_output=True, text=True, timeout=120,
+                                        check=True).stdout)
+        by_id = {r["job_id"]: r for r in doc["jobs"]}
+        assert by_id[heavy]["action"] == "start" and "counts as 1" in by_id[heavy]["reason"], by_id[heavy]
+        recs = {j.job_id: j for j in c.backend.list_jobs()}
+        assert recs[plain].held and recs[heavy].held  # a plan enacts nothing
+    finally:
+        scancel(c, plain, heavy)
+
+
 def test_down_stops_only_its_own_processes(versioned_cluster, tmp_path):
     """A second small cluster of the same version: its down() leaves the session cluster (and, for a
     chroot, the bind mounts that the session cluster still needs) and an unrelated process alive."""
