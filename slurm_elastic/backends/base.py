@@ -70,6 +70,7 @@ class JobRecord:
     submit_time: int | None = None
     start_time: int | None = None
     user_id: int | None = None
+    account: str = ""  # the Slurm account it runs under (``--account``); "" = none shown
     work_dir: str = ""  # the job's working directory (where its batch script starts)
     # Where the job may run (issue 13; filled by the backends from Slurm's own fields):
     gpu_type: str = ""  # requested gres type (``--gres=gpu:a100:N`` -> "a100"); "" = any type

@@ -287,6 +287,7 @@ def parse_job(job: dict) -> JobRecord:
             name=_str(job, "name", jid),
             user=_str(job, "user_name", jid),
             user_id=int_or_none(job.get("user_id"), what=f"job {jid}: user_id"),
+            account=_str(job, "account", jid),
             partition=_str(job, "partition", jid),
             state=base,
             state_flags=flags,

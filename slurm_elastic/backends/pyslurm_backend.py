@@ -130,6 +130,7 @@ def job_record(job: Any) -> JobRecord:
             name=_text(job.name, f"{w}: name"),
             user=_user_name(uid),
             user_id=uid,
+            account=_text(job.account, f"{w}: account"),
             partition=_text(job.partition, f"{w}: partition"),
             state=base,
             state_flags=flags,

@@ -78,6 +78,7 @@ class SimJob:
     held: bool
     requeueable: bool = True
     hold_reason: str = "JobHeldUser"  # the plugin's submit hold, as Slurm shows it; root's holds: JobHeldAdmin
+    account: str = ""
     admin_comment: str = ""
     total_samples: float | None = None  # elastic jobs
     duration_s: float | None = None  # non-elastic jobs
@@ -186,6 +187,7 @@ class SimulatedSlurm(SlurmBackend):
         num_nodes: int = 1,
         comment: str = "",
         user: str = "user",
+        account: str = "",
         held: bool | None = None,
         total_samples: float | None = None,
         duration_s: float | None = None,
@@ -213,6 +215,7 @@ class SimulatedSlurm(SlurmBackend):
             job_id=job_id,
             name=name,
             user=user,
+            account=account,
             partition=partition or self.partition,
             gpu_type=gpu_type,
             comment=comment,
@@ -495,6 +498,7 @@ class SimulatedSlurm(SlurmBackend):
                     job_id=j.job_id,
                     name=j.name,
                     user=j.user,
+                    account=j.account,
                     partition=j.partition,
                     gpu_type=j.gpu_type,
                     state=j.state,

@@ -9,7 +9,8 @@
   user is over the cap through running jobs alone, new starts and grows of that user wait.
 - A **weight grant** bounds what a spec's ``weight`` is worth. The weight is the user's word, so as with
   Slurm's ``--nice`` a user may only lower a job's standing: a weight counts for at most the site's
-  grant to that user (``weight_grants``, default 1). To put one job first, a user lowers the others.
+  grant (``weight_grants``: to the user, else to the job's Slurm account as ``account:NAME``, else
+  ``*``; default 1). To put one job first, a user lowers the others.
 
 This keeps the caps exact whatever a job asks for; the price is that GPUs a cap takes from one job
 are not re-optimised among the others until the next cycle.
@@ -28,7 +29,8 @@ class CappedPolicy(Policy):
     max_gpus_per_job: int = 0
     max_gpus_per_user: int = 0
     user_of: dict | None = None  # job id -> user name, refreshed every cycle
-    weight_grants: dict | None = None  # user name ("*": every user) -> the most weight a job counts with
+    weight_grants: dict | None = None  # user, "account:NAME" or "*" -> the most weight a job counts with
+    account_of: dict | None = None  # job id -> Slurm account, refreshed every cycle
 
     def __post_init__(self):
         self.name = getattr(self.inner, "name", "")
@@ -45,21 +47,24 @@ class CappedPolicy(Policy):
     def restore(self, learned: dict) -> None:
         self.inner.restore(learned)
 
-    def grant(self, user: str) -> float:
-        """The most weight a job of ``user`` counts with against other users' jobs (1 unless granted)."""
+    def grant(self, user: str, account: str = "") -> tuple[float, str]:
+        """The most weight a job of ``user`` under ``account`` counts with (1 unless granted), and to whom
+        the grant is: the user's own, else the account's, else every user's."""
         g = self.weight_grants or {}
-        return float(g.get(user, g.get("*", 1.0)))
+        if user in g:
+            return float(g[user]), user or "?"
+        if account and f"account:{account}" in g:
+            return float(g[f"account:{account}"]), f"account {account}"
+        return float(g.get("*", 1.0)), user or "?"
 
     def _granted(self, jobs) -> list:
-        """Each job's weight capped at its user's grant (the note says so in status)."""
-        users = self.user_of or {}
+        """Each job's weight capped at its grant (the note says so in status)."""
+        users, accounts = self.user_of or {}, self.account_of or {}
         out = []
         for j in jobs:
-            u = users.get(j.job_id, j.user)
-            g = self.grant(u)
+            g, whom = self.grant(users.get(j.job_id, j.user), accounts.get(j.job_id, ""))
             if j.spec.weight > g:
-                self.weight_notes[j.job_id] = (f"weight {j.spec.weight:g} counts as {g:g} "
-                                               f"(the site's grant to {u or '?'})")
+                self.weight_notes[j.job_id] = f"weight {j.spec.weight:g} counts as {g:g} (the site's grant to {whom})"
                 j = replace(j, spec=replace(j.spec, weight=g))
             out.append(j)
         return out

@@ -50,8 +50,8 @@ class DaemonConfig:
     # GPU type -> per-GPU speed relative to the others, as the site measured it (issue 23): replaces the
     # built-in prior (profiles/types.py TYPE_SPEED) for these types, until jobs' own reports say more
     gpu_speed: dict = field(default_factory=dict)
-    # user name ("*": every user) -> the most a spec's weight counts for against other users' jobs; a user's
-    # weights above it are scaled down together (daemon/caps.py). Unlisted users: 1 (they may only lower one)
+    # user name, "account:NAME" (a Slurm account) or "*" (everyone) -> the most a spec's weight counts for
+    # (daemon/caps.py; the user's own grant first). Unlisted: 1, so a user may only lower a job's standing
     weight_grants: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -89,7 +89,7 @@ RANGES: dict[str, tuple[float | None, float]] = {
 SIGNALS = ("USR2", "USR1")
 _POLICIES = ("dp", "fixed-batch", "static")
 _TYPE_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_USER_RE = re.compile(r"^[A-Za-z0-9_.\-@$]{1,64}$")  # what useradd and Slurm accept as a user name
+_USER_RE = re.compile(r"^[A-Za-z0-9_.\-@$]{1,64}$")  # what useradd and Slurm accept as a user or account name
 _LEVELS = ("debug", "info", "warning", "error")
 _BACKENDS = ("auto", "cli", "pyslurm")
 
@@ -138,12 +138,13 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
         elif isinstance(default, str):
             if not isinstance(value, str):
                 raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
-        elif key == "weight_grants":  # user name or "*" -> a finite weight in (0, 1e6]
+        elif key == "weight_grants":  # user name, "account:NAME" or "*" -> a finite weight in (0, 1e6]
             if not isinstance(value, dict) or len(value) > 100_000 or not all(
-                    isinstance(u, str) and (u == "*" or _USER_RE.fullmatch(u)) and not isinstance(x, bool)
-                    and isinstance(x, (int, float)) and math.isfinite(x) and 0 < x <= 1e6 for u, x in value.items()):
-                raise ConfigError(f"{source}: {key} must map user names (or \"*\") to weights in (0, 1e6], "
-                                  f"got {value!r}"[:500])
+                    isinstance(u, str) and (u == "*" or _USER_RE.fullmatch(u.removeprefix("account:")))
+                    and not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and 0 < x <= 1e6
+                    for u, x in value.items()):
+                raise ConfigError(f"{source}: {key} must map user names, \"account:NAME\" or \"*\" to weights in "
+                                  f"(0, 1e6], got {value!r}"[:500])
             value = {u: float(x) for u, x in value.items()}
         elif isinstance(default, dict):  # gpu_speed: type name -> a finite speed in (0, 1000]
             if not isinstance(value, dict) or len(value) > 64 or not all(

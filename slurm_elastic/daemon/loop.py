@@ -321,6 +321,7 @@ class Daemon:
             self._crash_policy(finished)
         self.records = {j.job_id: j for j in records}
         self.policy.user_of = {j.job_id: j.user for j in records}
+        self.policy.account_of = {j.job_id: j.account for j in records}
         if self._lease_refuses(records):
             return None
         if not self.dry_run and reconcile(self.db, self.backend, self.enactor, self.journal):

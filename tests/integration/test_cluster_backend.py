@@ -163,10 +163,12 @@ def test_requeue_hold_resize_release_restarts_with_new_gpus_and_nodes(versioned_
 
 def test_held_job_and_admin_comment_round_trip(versioned_cluster, backend, versioned_job_dir):
     c, b, job_dir = versioned_cluster, backend, versioned_job_dir
-    jid = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC}", "-o", "/dev/null", str(write_script(job_dir))])
+    jid = c.sbatch(["--hold", "--gres=gpu:1", "--account=ml-lab", f"--comment={SPEC}", "-o", "/dev/null",
+                    str(write_script(job_dir))])
     try:
         job = b.get_job(jid)
         assert job.is_pending and job.held and job.comment == SPEC and job.admin_comment == ""
+        assert job.account == "ml-lab"  # what an account's weight grant is looked up by (daemon/caps.py)
         b.update_job(jid, admin_comment="elastic-decision:gpus=2,nodes=1,batch=128,local_batch=64,accum=1,seq=4")
         assert parse_decision(b.get_job(jid).admin_comment).seq == 4
         b.update_job(jid, gpus_per_node=3, num_nodes=1, num_tasks=3, start_now=True)
@@ -300,9 +302,11 @@ def test_plan_command_shows_what_the_next_cycle_would_do_and_changes_nothing(slu
     script = str(write_script(job_dir))
     plain = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC},batch=64", "-o", "/dev/null", script])
     heavy = c.sbatch(["--hold", "--gres=gpu:1", f"--comment={SPEC},batch=64,weight=10", "-o", "/dev/null", script])
+    lab = c.sbatch(["--hold", "--gres=gpu:1", "--account=ml-lab", f"--comment={SPEC},batch=64,weight=10", "-o",
+                    "/dev/null", script])
     cfg = tmp_path / "elastic.toml"
     cfg.write_text(f'state_dir = "{tmp_path / "state"}"\nmetrics_address = ""\nbackend = "cli"\n'
-                   f'slurm_bin = "{c.config.bin}"\n')
+                   f'slurm_bin = "{c.config.bin}"\nweight_grants = {{"account:ml-lab" = 4}}\n')
     try:
         run = [sys.executable, "-m", "slurm_elastic.cli", "plan", "--config", str(cfg)]
         out = subprocess.run(run, env=c.env, capture_output=True, text=True, timeout=120)
@@ -311,17 +315,20 @@ def test_plan_command_shows_what_the_next_cycle_would_do_and_changes_nothing(slu
         assert lines[0].startswith("policy dp: ") and lines[1].split() == ["JOBID", "STATUS", "GPUS", "NEXT", "BATCH",
                                                                           "ACTION", "REASON"], lines
         rows = {int(line.split()[0]): line for line in lines[2:] if line.split()[0].isdigit()}
-        assert set(rows) >= {plain, heavy}, lines
+        assert set(rows) >= {plain, heavy, lab}, lines
         assert "weight 10 counts as 1 (the site's grant to root)" in rows[heavy], rows[heavy]
+        # the job's Slurm account, as squeue shows it, earns that account's grant
+        assert "weight 10 counts as 4 (the site's grant to account ml-lab)" in rows[lab], rows[lab]
         assert "counts as" not in rows[plain], rows[plain]
         doc = json.loads(subprocess.run([*run, "--json"], env=c.env, capture_output=True, text=True, timeout=120,
                                         check=True).stdout)
         by_id = {r["job_id"]: r for r in doc["jobs"]}
         assert by_id[heavy]["action"] == "start" and "counts as 1" in by_id[heavy]["reason"], by_id[heavy]
         recs = {j.job_id: j for j in c.backend.list_jobs()}
-        assert recs[plain].held and recs[heavy].held  # a plan enacts nothing
+        assert recs[plain].held and recs[heavy].held and recs[lab].held  # a plan enacts nothing
+        assert recs[lab].account == "ml-lab" and recs[plain].account != "ml-lab"
     finally:
-        scancel(c, plain, heavy)
+        scancel(c, plain, heavy, lab)
 
 
 def test_down_stops_only_its_own_processes(versioned_cluster, tmp_path):

@@ -228,7 +228,7 @@ def test_an_unmeasured_restart_claim_counts_for_at_most_ten_minutes(tmp_path):
 # ----- the weight: a user may only lower a job's standing; more is the site's grant --------------------
 
 
-def _weighted(w, grants=None, running=0):
+def _weighted(w, grants=None, running=0, account=""):
     """Users a and b, one job each on 16 GPUs, a's spec asking weight ``w``; the GPUs each gets."""
     from slurm_elastic.daemon.caps import CappedPolicy
     from slurm_elastic.policies import AllocationProblem, JobRequest
@@ -238,7 +238,8 @@ def _weighted(w, grants=None, running=0):
         return JobRequest(jid, s, MODEL, running, 64 * running if running else None, restart_s=30.0,
                           held_s=3600.0 if running else None, remaining_samples=1e9, user=user, age_s=3600.0)
 
-    capped = CappedPolicy(get_policy("dp"), user_of={1: "a", 2: "b"}, weight_grants=grants)
+    capped = CappedPolicy(get_policy("dp"), user_of={1: "a", 2: "b"}, weight_grants=grants,
+                          account_of={1: account, 2: ""})
     plan = capped.allocate(AllocationProblem(16, 16, (req(1, spec(max_gpus=16, weight=w), "a"),
                                                       req(2, spec(max_gpus=16), "b")), horizon_s=3600.0))
     return {j: x.gpus for j, x in plan.jobs.items()}, capped.weight_notes
@@ -259,6 +260,14 @@ def test_a_spec_weight_buys_no_gpus_from_another_user_beyond_the_site_s_grant(ru
         got, notes = _weighted(10.0, grants, running=running)
         assert got[1] > honest[1] and notes == {}, got
     assert _weighted(10.0, {"b": 10.0}, running=running)[0] == honest  # a grant to b is not a's
+    # a grant to the job's Slurm account; the user's own grant first, then the account's, then "*"
+    got, notes = _weighted(10.0, {"account:lab": 10.0}, running=running, account="lab")
+    assert got[1] > honest[1] and notes == {}, got
+    got, notes = _weighted(10.0, {"account:lab": 2.0, "*": 10.0}, running=running, account="lab")
+    assert notes == {1: "weight 10 counts as 2 (the site's grant to account lab)"}
+    got, notes = _weighted(10.0, {"account:lab": 10.0, "a": 1.0}, running=running, account="lab")
+    assert got == honest and notes == {1: "weight 10 counts as 1 (the site's grant to a)"}
+    assert _weighted(10.0, {"account:lab": 10.0}, running=running, account="other")[0] == honest
     # Lowering is the user's own choice: job a yields to b
     low, notes = _weighted(0.1, running=running)
     assert low[1] <= honest[1] and low[1] < 8 and notes == {}, low

@@ -476,7 +476,7 @@ def test_a_weight_above_the_users_grant_counts_as_the_grant_and_status_says_so(t
         sim = SimulatedSlurm(nodes=1, gpus_per_node=8, checkpoint_s=5, restart_s=10)
         model = load_profile("cifar10")
         a = sim.submit(name="A", gpus_per_node=1, comment=SPEC_A + ",weight=10", total_samples=4e9, model=model,
-                       user="alice")
+                       user="alice", account="ml")
         b = sim.submit(name="B", gpus_per_node=1, comment=SPEC_A, total_samples=4e9, model=model, user="bob")
         cfg = config_from_dict({"state_dir": str(tmp_path / state), "metrics_address": "", "cooldown_s": 0,
                                 "restart_cost_s": 5, "ack_timeout_s": 600, "weight_grants": grants})
@@ -493,16 +493,19 @@ def test_a_weight_above_the_users_grant_counts_as_the_grant_and_status_says_so(t
     assert "weight 10 counts as 1 (the site's grant to alice)" in why
     ga, gb, why = run({"alice": 10, "*": 1}, "granted")
     assert ga > gb and "counts as" not in why, (ga, gb, why)
+    ga, gb, why = run({"account:ml": 10}, "account")  # alice's Slurm account, as the backend read it
+    assert ga > gb and "counts as" not in why, (ga, gb, why)
 
 
 @pytest.mark.parametrize("bad", [{"alice": 0}, {"alice": -1}, {"alice": float("nan")}, {"alice": float("inf")},
                                  {"alice": 2e6}, {"alice": True}, {"al ice": 2}, {"alice\n": 2}, {"": 2},
-                                 {"alice": "2"}, ["alice"], 3.0])
+                                 {"alice": "2"}, ["alice"], 3.0, {"account:": 2}, {"account:a b": 2},
+                                 {"acct:lab": 2}])
 def test_weight_grants_are_checked_and_named(bad):
     with pytest.raises(ConfigError, match="weight_grants"):
         config_from_dict({"weight_grants": bad}, source="elastic.toml")
-    assert config_from_dict({"weight_grants": {"alice": 4, "*": 2, "svc-train.1@lab": 1}}).weight_grants == \
-        {"alice": 4.0, "*": 2.0, "svc-train.1@lab": 1.0}
+    assert config_from_dict({"weight_grants": {"alice": 4, "*": 2, "svc-train.1@lab": 1, "account:ml-lab": 3}}
+                            ).weight_grants == {"alice": 4.0, "*": 2.0, "svc-train.1@lab": 1.0, "account:ml-lab": 3.0}
 
 
 @pytest.mark.parametrize("most,planned", [(None, 600.0), (100, 100.0), (7200, 7200.0)])

@@ -228,3 +228,15 @@ def test_every_captured_job_has_its_users_uid(capture):
     jobs = [j for f in sorted(capture.glob("squeue_*.json")) for j in parse_jobs(load(f))]
     assert jobs
     assert all(isinstance(j.user_id, int) and j.user_id >= 0 for j in jobs), [(j.job_id, j.user_id) for j in jobs]
+
+
+@pytest.mark.parametrize("capture", CAPTURED, ids=lambda p: p.name)
+def test_a_jobs_slurm_account_is_read_and_must_be_text(capture):
+    # captured without accounting: every account is "" (the weight grants of an account then never apply)
+    doc = load(capture / "squeue_mixed.json")
+    assert {r.account for r in parse_jobs(doc)} == {""}
+    doc["jobs"][0]["account"] = "ml-lab"
+    assert parse_jobs(doc)[0].account == "ml-lab"
+    doc["jobs"][0]["account"] = ["ml-lab"]
+    with pytest.raises(SlurmParseError, match="'account'"):
+        parse_jobs(doc)

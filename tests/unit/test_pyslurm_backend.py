@@ -28,7 +28,7 @@ def fake_job(**over):
                 state_reason="JobHeldAdmin", is_requeueable=True, user_id=0, name="j", partition="gpu",
                 comment="elastic:min_gpus=1", admin_comment=None, requeue_count=1, submit_time=100,
                 start_time=0, working_directory="/w", resource_sharing="OK", constraints=[], time_limit=None,
-                reservation=None)
+                reservation=None, account=None)
     base.update(over)
     return SimpleNamespace(**base)
 
@@ -37,6 +37,7 @@ def test_job_record_matches_the_cli_meaning():
     r = job_record(fake_job())
     assert (r.job_id, r.state, r.held, r.gpus_per_node, r.gpus_total, r.restart_count) == (7, "PENDING", True, 2, 2, 1)
     assert r.user == "root" and r.admin_comment == "" and r.start_time is None and r.work_dir == "/w"
+    assert r.account == "" and job_record(fake_job(account="ml-lab")).account == "ml-lab"
     run = job_record(fake_job(state="RUNNING", allocated_nodes="node[1-2]", num_nodes=2, priority=5,
                               state_reason="None", gres_per_node={"gres/gpu": 4}))
     assert run.nodes == ("node1", "node2") and run.gpus_total == 8 and not run.held
@@ -67,6 +68,8 @@ def test_bad_values_from_pyslurm_name_the_job_and_field():
         job_record(fake_job(gres_per_node={"gpu": -1}))
     with pytest.raises(SlurmParseError, match="valid id"):
         job_record(fake_job(id=0))
+    with pytest.raises(SlurmParseError, match="job 7: account"):
+        job_record(fake_job(account=5))
 
 
 def test_gres_dicts_of_both_versions():
