@@ -97,7 +97,7 @@ def parse_constraint(text: str, job_id=None) -> frozenset[str]:
     if not text:
         return frozenset()
     parts = re.split(r"[&,]", text)
-    bad = [p for p in parts if not _FEATURE_RE.match(p.strip())]
+    bad = [p for p in parts if not _FEATURE_RE.fullmatch(p.strip())]
     if bad or any(c in text for c in "|[]*!()"):
         raise PoolError(f"--constraint {text[:80]!r} is not supported (only feature names joined by '&'); "
                         "the daemon does not place this job", job_id=job_id, field="constraint")

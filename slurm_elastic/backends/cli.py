@@ -40,9 +40,9 @@ _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 def check_pool_args(job_id: int, partition: str | None, gpu_type: str | None) -> None:
     """Refuse a partition or GPU type that is not a plain Slurm name (they go into an scontrol argument)."""
-    if partition is not None and (not isinstance(partition, str) or not _PARTITION_RE.match(partition)):
+    if partition is not None and (not isinstance(partition, str) or not _PARTITION_RE.fullmatch(partition)):
         raise ValueError(f"job {job_id}: partition must be a Slurm partition name (or a comma list), got {partition!r}")
-    if gpu_type is not None and gpu_type != "" and (not isinstance(gpu_type, str) or not _GPU_TYPE_RE.match(gpu_type)):
+    if gpu_type is not None and gpu_type != "" and (not isinstance(gpu_type, str) or not _GPU_TYPE_RE.fullmatch(gpu_type)):
         raise ValueError(f"job {job_id}: gpu_type must be a GRES type name such as 'a100', got {gpu_type!r}")
 
 
@@ -257,7 +257,7 @@ class CliBackend(SlurmBackend):
         makes it untyped. ``exclude_nodes`` () clears the job's ``ExcNodeList`` (seen live on 22.05.8)."""
         jid = self._jid(job_id)
         check_pool_args(job_id, partition, gpu_type)
-        if exclude_nodes is not None and not all(isinstance(n, str) and _NODE_RE.match(n) for n in exclude_nodes):
+        if exclude_nodes is not None and not all(isinstance(n, str) and _NODE_RE.fullmatch(n) for n in exclude_nodes):
             raise ValueError(f"job {job_id}: exclude_nodes must be Slurm node names, got {exclude_nodes!r}")
         resize: list[str] = []
         clear_first = False
@@ -341,7 +341,7 @@ class CliBackend(SlurmBackend):
 
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         sig = signal.upper()
-        if not _SIGNAL_RE.match(sig):
+        if not _SIGNAL_RE.fullmatch(sig):
             raise ValueError(f"not a signal name: {signal!r}")
         args = [f"--signal={sig}"]
         if batch_only:

@@ -405,7 +405,7 @@ class PyslurmBackend(SlurmBackend):
 
     def signal(self, job_id: int, signal: str = "USR2", *, batch_only: bool = False) -> None:
         sig = signal.upper()
-        if not _SIGNAL_RE.match(sig):
+        if not _SIGNAL_RE.fullmatch(sig):
             raise ValueError(f"not a signal name: {signal!r}")
         jid = self._jid(job_id)
         try:

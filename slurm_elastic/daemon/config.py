@@ -148,7 +148,7 @@ def config_from_dict(data: dict, source: str = "config") -> DaemonConfig:
             value = {u: float(x) for u, x in value.items()}
         elif isinstance(default, dict):  # gpu_speed: type name -> a finite speed in (0, 1000]
             if not isinstance(value, dict) or len(value) > 64 or not all(
-                    isinstance(t, str) and _TYPE_RE.match(t) and not isinstance(x, bool) and isinstance(x, (int, float))
+                    isinstance(t, str) and _TYPE_RE.fullmatch(t) and not isinstance(x, bool) and isinstance(x, (int, float))
                     and math.isfinite(x) and 0 < x <= 1000 for t, x in value.items()):
                 raise ConfigError(f"{source}: {key} must map GPU type names to speeds in (0, 1000], got {value!r}")
             value = {t.lower(): float(x) for t, x in value.items()}

@@ -169,7 +169,8 @@ def test_hostile_partition_or_gpu_type_is_refused_before_any_call():
     r = FakeRunner()
     b = backend(r)
     for kw in ({"partition": "a100 Nice=-100"}, {"partition": ""}, {"partition": "a;b"},
-               {"gpu_type": "a100:8"}, {"gpu_type": "x Partition=root"}, {"gpu_type": 7}, {"partition": ["a"]}):
+               {"gpu_type": "a100:8"}, {"gpu_type": "x Partition=root"}, {"gpu_type": 7}, {"partition": ["a"]},
+               {"partition": "a100\n"}, {"gpu_type": "a100\n"}):  # "$" alone matches before a final newline
         with pytest.raises(ValueError, match="job 5"):
             b.update_job(5, gpus_per_node=1, **kw)
     assert not [c for c in r.calls if "update" in c]
@@ -185,7 +186,7 @@ def test_update_excludes_nodes_in_the_same_update_clears_them_and_refuses_odd_na
     b.update_job(5, gpus_per_node=3, exclude_nodes=())  # the reservation is over: cleared (seen live)
     assert r.calls[-1][-1] == "ExcNodeList="
     n = len(r.calls)
-    for bad in (("node3 Partition=root",), ("",), ("-x",), (7,)):
+    for bad in (("node3 Partition=root",), ("",), ("-x",), (7,), ("node3\n",)):
         with pytest.raises(ValueError, match="job 5: exclude_nodes"):
             b.update_job(5, gpus_per_node=1, exclude_nodes=bad)
     assert len(r.calls) == n
@@ -206,8 +207,9 @@ def test_hostile_values_never_reach_a_shell_and_bad_ids_are_refused():
     for bad in ("5; rm -rf /", -1, 0, True, 2.5):
         with pytest.raises(ValueError):
             b.release(bad)
-    with pytest.raises(ValueError):
-        b.signal(5, "USR2; reboot")
+    for sig in ("USR2; reboot", "USR2\n"):
+        with pytest.raises(ValueError):
+            b.signal(5, sig)
     with pytest.raises(ValueError):
         b.update_job(5, admin_comment="two\nlines")
 

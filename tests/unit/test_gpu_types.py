@@ -184,7 +184,8 @@ def test_site_gpu_speeds_replace_the_prior_and_are_checked():
     assert cfg.gpu_speed == {"a100": 3.0, "v100": 1.0}
     r = TypeRatios(cfg.gpu_speed)
     assert r.ratio("v100", "a100") == (pytest.approx(3.0), "type prior")
-    for bad in ({"a100": 0}, {"a100": float("nan")}, {"a 100": 1.0}, {"a100": True}, [1.0], {"a100": 1e9}):
+    for bad in ({"a100": 0}, {"a100": float("nan")}, {"a 100": 1.0}, {"a100": True}, [1.0], {"a100": 1e9},
+                {"a100\n": 1.0}):
         with pytest.raises(ConfigError, match="gpu_speed"):
             config_from_dict({"gpu_speed": bad})
 
