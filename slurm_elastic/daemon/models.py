@@ -152,15 +152,16 @@ class ModelRegistry:
         report = parse_report(data if isinstance(data, dict) else {})
         report.pop("points", None)
         verified, why = verify_points(points, job.job_id, self.evidence)
-        self._problem(job.job_id, f"unverified points ignored: {'; '.join(why)[:300]}" if why else None)
         obs = []
         for p in verified:
             k, b, sps = p["gpus"], p["batch"], float(p["samples_per_s"])
             split = spec.split_batch(k, b)
-            if split is None:
+            if split is None:  # the spec cannot run it: no per-GPU batch to model it at (said, not silent)
+                why.append(f"{k} GPUs x batch {b}: not a batch the spec runs on {k} GPUs")
                 continue
             nodes = 1 if k <= self.node_size else -(-k // self.node_size)
             obs.append(Observation(k, nodes, split[0], split[1], sps))
+        self._problem(job.job_id, f"unverified points ignored: {'; '.join(why)[:300]}" if why else None)
         return obs, report, len(why)
 
     def reported(self, job: JobRecord, spec: ElasticSpec) -> list[Observation]:

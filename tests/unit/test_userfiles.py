@@ -183,6 +183,21 @@ def job(ck, **kw):
     return rec, spec
 
 
+def test_a_verified_point_at_a_batch_the_spec_cannot_run_is_named_not_dropped_silently(ck):
+    # Found by a flaky live test: a job on 3 GPUs reported batch 64 (no whole per-GPU batch), the point was
+    # dropped without a word and the job's throughput stayed 'not verified' with no reason shown
+    rec, spec = job(ck, gpus_total=3, gpus_per_node=3, node_count=1)
+    reg = ModelRegistry(node_size=4)
+    reg.evidence.observe(7, 0, 3, 1000.0, 1300.0)
+    (ck / "throughput.json").write_text(json.dumps({"points": [pt(3, 64, 300.0)]}))
+    reg(rec, spec)
+    assert reg.sources[7] == "prior, 1 unverified ignored"
+    assert reg.problems[7] == "unverified points ignored: 3 GPUs x batch 64: not a batch the spec runs on 3 GPUs"
+    (ck / "throughput.json").write_text(json.dumps({"points": [pt(3, 192, 300.0)]}))
+    reg(rec, spec)
+    assert reg.sources[7].startswith("fitted from 1 report") and 7 not in reg.problems
+
+
 def test_registry_ignores_a_forged_perfect_scaling_report_and_names_the_problem(ck):
     rec, spec = job(ck)
     reg = ModelRegistry(node_size=4)
