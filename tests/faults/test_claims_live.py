@@ -88,6 +88,20 @@ def _views(d: Daemon) -> dict:
     return d.db.job_views()
 
 
+def _cycle_until_running(d: Daemon, c, jids, what: str, timeout: float = 90) -> dict:
+    """Daemon cycles until Slurm shows every job of ``jids`` running; their records. A timeout names the
+    records and the daemon's views."""
+    def running():
+        d.cycle()
+        recs = jobs_by_id(c, jids)
+        return all(j.is_running for j in recs.values()) and recs
+
+    try:
+        return wait_for(running, timeout, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {jobs_by_id(c, jids)} {_views(d)}") from None
+
+
 def test_forged_claims_buy_no_gpus_and_no_place_in_the_queue(lua_cluster, users, tmp_path, reliability):
     reliability("claims earn trust", "forged progress and noise-scale reports against an honest twin",
                 "a pending job that never ran claims 100 samples left; a running job jumps samples_seen to just "
@@ -127,15 +141,7 @@ def test_forged_claims_buy_no_gpus_and_no_place_in_the_queue(lua_cluster, users,
         fd = _dir(c, "forger2", fpw)
         forger = _submit(c, fu, fd)
         ids.append(forger)
-        def both_run():
-            d.cycle()
-            recs = jobs_by_id(c, [honest, forger])
-            return all(j.is_running for j in recs.values()) and recs
-
-        try:
-            wait_for(both_run, 90, "both twins to run")
-        except AssertionError as e:
-            raise AssertionError(f"{e}: {jobs_by_id(c, [honest, forger])} {_views(d)}") from None
+        _cycle_until_running(d, c, [honest, forger], "both twins to run")
         seen = {}
         for jid, dd, pw in ((honest, hd, hpw), (forger, fd, fpw)):
             # the point at the GPU count the daemon itself saw the job run on: a count read from Slurm
@@ -280,15 +286,7 @@ def test_a_spec_s_weight_and_restart_cost_claims_buy_no_gpus(lua_cluster, users,
         ids += [honest, heavy]
         d = _daemon(c, tmp_path / "state")
 
-        def both_run():
-            d.cycle()
-            recs = jobs_by_id(c, [honest, heavy])
-            return all(j.is_running for j in recs.values()) and recs
-
-        try:
-            recs = wait_for(both_run, 90, "both jobs to run")
-        except AssertionError as e:
-            raise AssertionError(f"{e}: {jobs_by_id(c, [honest, heavy])} {_views(d)}") from None
+        recs = _cycle_until_running(d, c, [honest, heavy], "both jobs to run")
         d.cycle()
         v = _views(d)
         # unweighted twins on 4 GPUs split 2 / 2; granted, weight 10 gets 3 / 1 (tests/unit/test_daemon.py)
