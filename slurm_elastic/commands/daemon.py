@@ -108,8 +108,7 @@ def plan(config_path, as_json):
         act = next((x for x in result.plan.actions if x.job_id == v.job_id), None)
         rows.append({"job_id": v.job_id, "status": v.status, "gpus_now": v.gpus, "gpus_next": a.gpus if a else None,
                      "batch_next": a.batch if a else None, "action": act.kind if act else "leave",
-                     "reason": "; ".join(x for x in ((act.reason if act else "") or (a.reason if a else ""),
-                                                     d.policy.weight_notes.get(v.job_id)) if x)})
+                     "reason": d.policy.noted(v.job_id, (act.reason if act else "") or (a.reason if a else ""))})
     errors = {str(j): str(e) for j, e in snap.errors.items()}
     if as_json:
         json.dump({"policy": cfg.policy, "capacity": snap.capacity, "objective": result.allocation.objective,

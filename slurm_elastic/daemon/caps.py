@@ -57,6 +57,10 @@ class CappedPolicy(Policy):
             return float(g[f"account:{account}"]), f"account {account}"
         return float(g.get("*", 1.0)), user or "?"
 
+    def noted(self, job_id, reason: str) -> str:
+        """``reason`` with why the job's weight counted for less than its spec asks, if it did."""
+        return "; ".join(x for x in (reason, self.weight_notes.get(job_id)) if x)
+
     def _granted(self, jobs) -> list:
         """Each job's weight capped at its grant (the note says so in status)."""
         users, accounts = self.user_of or {}, self.account_of or {}

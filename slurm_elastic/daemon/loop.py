@@ -567,8 +567,7 @@ class Daemon:
                 if book and book.last_change_s is not None else None,
                 "reason": (f"spec invalid ({snap.degraded[v.job_id]}): kept on its last valid spec, may shrink, "
                            f"never grow; " if v.job_id in snap.degraded else "")
-                + "; ".join(x for x in (plan_reason.get(v.job_id) or (a.reason if a else ""),
-                                        self.policy.weight_notes.get(v.job_id)) if x),
+                + self.policy.noted(v.job_id, plan_reason.get(v.job_id) or (a.reason if a else "")),
             })
         active = {j.job_id for j in records}
         self.models.evidence.forget_except(active, self.models.owners)
